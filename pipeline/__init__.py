@@ -1,0 +1,1 @@
+"""vostream's dataflow engine: stages in threads joined by bounded queues."""

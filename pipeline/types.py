@@ -1,0 +1,263 @@
+"""The data types shared by every stage: :class:`Frame`, :class:`Prompt`, :class:`TrackResult`.
+
+One of each, used from decode to the sinks.  Coordinates in prompts and results are always in *source pixels*
+(the decoded frame's width and height); each tracker maps them to its own input size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from .errors import PromptError
+
+
+@dataclass(eq=False)
+class Frame:
+    """One decoded frame travelling through the pipeline.
+
+    ``image`` is RGB ``uint8`` (H, W, 3) at source resolution.  Stages add to the same object as it flows:
+    ``tensor`` (preprocess: the tracker's input), ``result`` (track, then postprocess: full-size masks).
+    ``stamps`` records ``time.monotonic()`` when each stage finished with the frame (used for metrics).
+    """
+
+    index: int
+    image: np.ndarray
+    pts: int | None = None
+    time_base: Fraction | None = None
+    capture_time: float = 0.0  # wall clock (time.time()) when the frame left the decoder / camera
+    source_id: str = ""
+    tensor: np.ndarray | None = None
+    result: TrackResult | None = None
+    stamps: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def height(self) -> int:
+        return int(self.image.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.image.shape[1])
+
+    @property
+    def time(self) -> float | None:
+        """Presentation time in seconds, when the source gave one."""
+        if self.pts is None or self.time_base is None:
+            return None
+        return float(self.pts * self.time_base)
+
+
+@dataclass(frozen=True, eq=False)
+class Prompt:
+    """Points, a box and/or a mask for one object on one frame.
+
+    ``points`` is (K, 2) float32 ``x, y`` in source pixels; ``labels`` (K,) int32: 1 positive, 0 negative.
+    ``box`` is ``(x0, y0, x1, y1)`` in source pixels.  ``mask`` is a boolean (H, W) array at source size.
+    """
+
+    obj_id: int
+    frame_index: int = 0
+    points: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.float32))
+    labels: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.int32))
+    box: tuple[float, float, float, float] | None = None
+    mask: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.obj_id, bool) or not isinstance(self.obj_id, (int, np.integer)) or self.obj_id < 0:
+            raise PromptError(f"object id must be a non-negative integer, got {self.obj_id!r}")
+        if isinstance(self.frame_index, bool) or not isinstance(self.frame_index, (int, np.integer)) \
+                or self.frame_index < 0:
+            raise PromptError(f"frame index must be a non-negative integer, got {self.frame_index!r}")
+        pts = np.asarray(self.points, dtype=np.float32).reshape(-1, 2) if len(self.points) else \
+            np.zeros((0, 2), np.float32)
+        labels = np.asarray(self.labels, dtype=np.int32).reshape(-1)
+        if len(labels) != len(pts):
+            raise PromptError(f"object {self.obj_id}: {len(pts)} points but {len(labels)} labels")
+        if not np.all(np.isfinite(pts)):
+            raise PromptError(f"object {self.obj_id}: point coordinates must be finite numbers")
+        if np.any((labels != 0) & (labels != 1)):
+            raise PromptError(f"object {self.obj_id}: point labels must be 1 (positive) or 0 (negative)")
+        object.__setattr__(self, "points", pts)
+        object.__setattr__(self, "labels", labels)
+        if self.box is not None:
+            box = tuple(float(v) for v in self.box)
+            if len(box) != 4 or not all(math.isfinite(v) for v in box):
+                raise PromptError(f"object {self.obj_id}: a box is four finite numbers x0,y0,x1,y1")
+            x0, y0, x1, y1 = box
+            if x1 <= x0 or y1 <= y0:
+                raise PromptError(f"object {self.obj_id}: box {box} is empty (need x1 > x0 and y1 > y0)")
+            object.__setattr__(self, "box", box)
+        if self.mask is not None:
+            m = np.asarray(self.mask)
+            if m.ndim != 2:
+                raise PromptError(f"object {self.obj_id}: a mask prompt must be 2-D, got shape {m.shape}")
+            m = m.astype(bool)
+            if not m.any():
+                raise PromptError(f"object {self.obj_id}: the mask prompt is empty")
+            object.__setattr__(self, "mask", m)
+        if len(pts) == 0 and self.box is None and self.mask is None:
+            raise PromptError(f"object {self.obj_id}: a prompt needs at least one point, a box or a mask")
+        if len(pts) and self.box is None and self.mask is None and not np.any(labels == 1):
+            # Negative points alone are fine as a correction of an existing object; the tracker checks that.
+            pass
+
+    @property
+    def positive_points(self) -> np.ndarray:
+        return self.points[self.labels == 1]
+
+    @property
+    def negative_points(self) -> np.ndarray:
+        return self.points[self.labels == 0]
+
+    def check_bounds(self, width: int, height: int, source: str = "") -> None:
+        """Raise :class:`PromptError` if a point or box lies outside a ``width`` x ``height`` frame."""
+        where = f" of {source}" if source else ""
+        for x, y in self.points:
+            if not (0 <= x < width and 0 <= y < height):
+                raise PromptError(
+                    f"object {self.obj_id}: point ({x:g}, {y:g}) is outside the {width}x{height} frame{where} "
+                    f"(valid x 0..{width - 1}, y 0..{height - 1})")
+        if self.box is not None:
+            x0, y0, x1, y1 = self.box
+            if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
+                raise PromptError(
+                    f"object {self.obj_id}: box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is outside the "
+                    f"{width}x{height} frame{where}")
+        if self.mask is not None and self.mask.shape != (height, width):
+            raise PromptError(
+                f"object {self.obj_id}: mask prompt is {self.mask.shape[1]}x{self.mask.shape[0]} but the frame{where} "
+                f"is {width}x{height}")
+
+    def scaled(self, sx: float, sy: float, size: tuple[int, int] | None = None) -> Prompt:
+        """This prompt with coordinates multiplied by (sx, sy); a mask is resized to ``size`` = (w, h)."""
+        import cv2
+
+        pts = self.points * np.array([sx, sy], np.float32)
+        box = None if self.box is None else (self.box[0] * sx, self.box[1] * sy, self.box[2] * sx, self.box[3] * sy)
+        mask = self.mask
+        if mask is not None and size is not None:
+            mask = cv2.resize(mask.astype(np.uint8), size, interpolation=cv2.INTER_NEAREST).astype(bool)
+            if not mask.any():  # a tiny mask can vanish when shrunk: keep its centre pixel
+                ys, xs = np.nonzero(self.mask)
+                mask[min(int(ys.mean() * sy), size[1] - 1), min(int(xs.mean() * sx), size[0] - 1)] = True
+        return Prompt(self.obj_id, self.frame_index, pts, self.labels, box, mask)
+
+
+def _empty_masks(h: int, w: int) -> np.ndarray:
+    return np.zeros((0, h, w), dtype=bool)
+
+
+@dataclass(eq=False)
+class TrackResult:
+    """Per-frame tracking output: parallel arrays, one row per object.
+
+    ``masks`` are boolean (N, H, W) at source size once postprocess has run; a tracker may instead fill
+    ``logits`` (N, h, w) float32 at its own resolution (> 0 means foreground) and leave ``masks`` None.
+    ``boxes`` are (N, 4) float32 ``x0, y0, x1, y1`` in source pixels (exclusive x1/y1); a row whose object is
+    absent has ``present`` False, an all-false mask and a zero box.
+    """
+
+    frame_index: int
+    obj_ids: np.ndarray
+    scores: np.ndarray
+    present: np.ndarray
+    boxes: np.ndarray
+    masks: np.ndarray | None = None
+    logits: np.ndarray | None = None
+    rles: list[dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        self.obj_ids = np.asarray(self.obj_ids, dtype=np.int64).reshape(-1)
+        n = len(self.obj_ids)
+        self.scores = np.asarray(self.scores, dtype=np.float32).reshape(-1)
+        self.present = np.asarray(self.present, dtype=bool).reshape(-1)
+        self.boxes = np.asarray(self.boxes, dtype=np.float32).reshape(-1, 4)
+        for name in ("scores", "present", "boxes"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"TrackResult.{name} has {len(getattr(self, name))} rows, expected {n}")
+        for name in ("masks", "logits"):
+            arr = getattr(self, name)
+            if arr is not None and (arr.ndim != 3 or len(arr) != n):
+                raise ValueError(f"TrackResult.{name} must be (N, H, W) with N={n}, got {arr.shape}")
+        if self.rles is not None and len(self.rles) != n:
+            raise ValueError(f"TrackResult.rles has {len(self.rles)} entries, expected {n}")
+
+    def __len__(self) -> int:
+        return len(self.obj_ids)
+
+    @classmethod
+    def empty(cls, frame_index: int, height: int = 0, width: int = 0) -> TrackResult:
+        return cls(frame_index, np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, bool),
+                   np.zeros((0, 4), np.float32), masks=_empty_masks(height, width))
+
+    def __getitem__(self, index: Any) -> TrackResult:
+        """Boolean or integer-array slicing of every parallel array: ``result[result.present]``."""
+        idx = np.asarray(index)
+        if idx.dtype == bool:
+            if idx.shape != (len(self),):
+                raise IndexError(f"boolean index of shape {idx.shape} for {len(self)} objects")
+            idx = np.flatnonzero(idx)
+        idx = idx.reshape(-1).astype(np.int64)
+        return TrackResult(
+            self.frame_index, self.obj_ids[idx], self.scores[idx], self.present[idx], self.boxes[idx],
+            None if self.masks is None else self.masks[idx],
+            None if self.logits is None else self.logits[idx],
+            None if self.rles is None else [self.rles[i] for i in idx],
+        )
+
+    def index_of(self, obj_id: int) -> int:
+        hits = np.nonzero(self.obj_ids == obj_id)[0]
+        if not len(hits):
+            raise KeyError(obj_id)
+        return int(hits[0])
+
+    def label_map(self) -> np.ndarray:
+        """(H, W) uint8 map where each pixel holds the object id that covers it (0 = background).
+
+        Object ids must be 1..255 for this representation (DAVIS convention); where masks overlap, the object
+        listed later wins.
+        """
+        if self.masks is None:
+            raise ValueError("label_map needs full-size masks; run postprocess first")
+        h, w = self.masks.shape[1:]
+        out = np.zeros((h, w), np.uint8)
+        for oid, m, p in zip(self.obj_ids, self.masks, self.present):
+            if p:
+                if not 0 < oid < 256:
+                    raise ValueError(f"object id {oid} does not fit a palette PNG (1..255)")
+                out[m] = oid
+        return out
+
+    def to_rles(self) -> list[dict[str, Any]]:
+        """COCO RLE (pycocotools, compressed ``counts`` as str) for each row's mask; cached in ``rles``."""
+        if self.rles is None:
+            from pycocotools import mask as mask_utils
+
+            if self.masks is None:
+                raise ValueError("to_rles needs full-size masks; run postprocess first")
+            rles = []
+            if len(self):
+                encoded = mask_utils.encode(np.asfortranarray(self.masks.transpose(1, 2, 0).astype(np.uint8)))
+                for r in encoded:
+                    rles.append({"size": [int(r["size"][0]), int(r["size"][1])], "counts": r["counts"].decode("ascii")})
+            self.rles = rles
+        return self.rles
+
+
+def boxes_from_masks(masks: np.ndarray) -> np.ndarray:
+    """(N, 4) float32 x0, y0, x1, y1 (exclusive) boxes of boolean (N, H, W) masks; zeros for empty masks."""
+    out = np.zeros((len(masks), 4), np.float32)
+    for i, m in enumerate(masks):
+        rows = np.flatnonzero(m.any(axis=1))
+        if not len(rows):
+            continue
+        cols = np.flatnonzero(m.any(axis=0))
+        out[i] = (cols[0], rows[0], cols[-1] + 1, rows[-1] + 1)
+    return out
+
+
+__all__ = ["Frame", "Prompt", "TrackResult", "boxes_from_masks"]
