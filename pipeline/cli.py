@@ -1,0 +1,223 @@
+"""The ``vostream`` command line.
+
+``vostream track SOURCE --point X,Y --out DIR`` tracks objects through a video file or frames directory and writes
+the outputs; ``vostream demo`` makes a sample scene and tracks it.  Errors print one line and exit non-zero
+(``--debug`` shows the traceback); Ctrl-C or SIGTERM stops the run and finalises every output already begun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import ConfigError, PromptError, VostreamError
+
+logger = logging.getLogger("vostream")
+
+EXIT_INTERNAL = 70
+
+
+class _PromptToken(argparse.Action):
+    """Keeps --obj/--frame/--point/--neg/--box/--mask in command-line order, so ``--obj`` starts a new object."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        tokens = getattr(namespace, "prompt_tokens", None) or []
+        tokens.append((self.dest, values, option_string))
+        namespace.prompt_tokens = tokens
+
+
+def _add_prompt_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("prompts (coordinates in source pixels)")
+    g.add_argument("--obj", dest="obj", metavar="ID", action=_PromptToken,
+                   help="start a new object with this id (the first object is 1 unless given)")
+    g.add_argument("--frame", dest="frame", metavar="N", action=_PromptToken,
+                   help="frame index (0-based) of the current object's prompts (default 0)")
+    g.add_argument("--point", dest="point", metavar="X,Y", action=_PromptToken, help="positive point (repeatable)")
+    g.add_argument("--neg", dest="neg", metavar="X,Y", action=_PromptToken, help="negative point (repeatable)")
+    g.add_argument("--box", dest="box", metavar="X0,Y0,X1,Y1", action=_PromptToken, help="box around the object")
+    g.add_argument("--mask", dest="mask", metavar="PNG", action=_PromptToken,
+                   help="mask image: non-zero pixels are the object")
+    g.add_argument("--prompts", dest="prompts_file", metavar="FILE.json",
+                   help="prompts file: per-object prompts on any frame (docs/prompts.md)")
+
+
+def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Any]:
+    """Group ordered command-line prompt tokens into :class:`Prompt` objects, one per (object, frame)."""
+    import numpy as np
+
+    from .prompts import load_mask_png, parse_box, parse_xy
+    from .types import Prompt
+
+    groups: list[dict[str, Any]] = []
+    cur: dict[str, Any] | None = None
+
+    def new_group(obj: int, frame: int) -> dict[str, Any]:
+        g = {"obj": obj, "frame": frame, "points": [], "labels": [], "box": None, "mask": None}
+        groups.append(g)
+        return g
+
+    next_id = 1
+    for kind, value, opt in tokens:
+        if kind == "obj":
+            try:
+                obj = int(value)
+                if obj < 0:
+                    raise ValueError
+            except ValueError:
+                raise PromptError(f"--obj {value!r}: expected a non-negative integer object id") from None
+            cur = new_group(obj, 0)
+            next_id = max(next_id, obj + 1)
+            continue
+        if kind == "frame":
+            try:
+                frame = int(value)
+                if frame < 0:
+                    raise ValueError
+            except ValueError:
+                raise PromptError(f"--frame {value!r}: expected a non-negative frame index") from None
+            if cur is None:
+                cur = new_group(next_id, frame)
+                next_id += 1
+            elif cur["points"] or cur["box"] is not None or cur["mask"] is not None:
+                cur = new_group(cur["obj"], frame)  # same object, prompts on another frame
+            else:
+                cur["frame"] = frame
+            continue
+        if cur is None:
+            cur = new_group(next_id, 0)
+            next_id += 1
+        if kind in ("point", "neg"):
+            cur["points"].append(parse_xy(value, opt))
+            cur["labels"].append(1 if kind == "point" else 0)
+        elif kind == "box":
+            if cur["box"] is not None:
+                raise PromptError(f"object {cur['obj']}: only one --box per object and frame")
+            cur["box"] = parse_box(value, opt)
+        elif kind == "mask":
+            cur["mask"] = load_mask_png(value)
+    out = []
+    for g in groups:
+        if not g["points"] and g["box"] is None and g["mask"] is None:
+            raise PromptError(f"--obj {g['obj']} has no --point, --box or --mask")
+        out.append(Prompt(g["obj"], g["frame"], np.asarray(g["points"], np.float32).reshape(-1, 2), g["labels"],
+                          g["box"], g["mask"]))
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vostream", description="Streaming video object tracking: click an object, follow it with masks.")
+    parser.add_argument("--version", action="version", version=f"vostream {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    t = sub.add_parser("track", help="track objects through a video file or frames directory",
+                       description="Track objects from prompts through SOURCE and write the outputs to --out.")
+    t.add_argument("source", nargs="?", help="video file (any format FFmpeg reads) or directory of numbered frames")
+    t.add_argument("--out", "-o", metavar="DIR", help="output directory")
+    t.add_argument("--save", metavar="FORMATS",
+                   help="comma-separated outputs: video (annotated MP4), png (DAVIS palette PNGs), "
+                        "json (YouTube-VIS style with COCO RLE), mot (MOT text); default video,json,mot")
+    t.add_argument("--config", metavar="FILE.toml", help="TOML file with any of these options; flags override it")
+    _add_prompt_options(t)
+    g = t.add_argument_group("tracker")
+    g.add_argument("--backend", help="tracker backend (default classic: no weights needed)")
+    g.add_argument("--model", metavar="DIR", help="model directory for neural backends")
+    g = t.add_argument_group("pipeline")
+    g.add_argument("--queue-size", type=int, metavar="N", help="capacity of every queue (default 8)")
+    g.add_argument("--policy", choices=("block", "latest"),
+                   help="queue policy: block (lossless; default for files) or latest (drop oldest; live feeds)")
+    g.add_argument("--max-frames", type=int, metavar="N", help="stop after N frames")
+    g.add_argument("--fill-holes", action="store_const", const=True, default=None, help="fill holes in masks")
+    g.add_argument("--min-area", type=int, metavar="PX", help="remove mask specks (and holes) under PX pixels")
+    _add_common(t)
+
+    d = sub.add_parser("demo", help="make a sample scene (if absent) and track it, writing every output",
+                       description="Generates a synthetic scene with ground truth into the samples folder "
+                                   "(once), tracks it from one click per object and writes all outputs.")
+    d.add_argument("--out", "-o", metavar="DIR", default="out/demo", help="output directory (default out/demo)")
+    d.add_argument("--scene", default="crossing", help="which synthetic scene (default crossing)")
+    d.add_argument("--samples-dir", metavar="DIR", help="where sample media are kept (default: the samples folder)")
+    _add_common(d)
+    return parser
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", "-q", action="store_const", const=True, default=None,
+                   help="no progress bar or summary")
+    p.add_argument("--verbose", "-v", action="store_true", help="log more")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("vostream")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        return "unknown"
+
+
+def _settings_from_args(args: argparse.Namespace) -> Any:
+    from .config import load_config, merge_settings
+
+    config = load_config(args.config) if args.config else None
+    prompts = prompts_from_tokens(getattr(args, "prompt_tokens", None) or [])
+    cli = {
+        "source": args.source, "out": args.out, "save": args.save, "backend": args.backend, "model": args.model,
+        "queue_size": args.queue_size, "policy": args.policy, "max_frames": args.max_frames,
+        "fill_holes": args.fill_holes, "min_area": args.min_area, "quiet": args.quiet,
+        "prompts": prompts, "prompts_file": args.prompts_file,
+    }
+    return merge_settings(config, cli)
+
+
+def cmd_track(args: argparse.Namespace) -> int:
+    from .run import run_track
+
+    settings = _settings_from_args(args)
+    report = run_track(settings)
+    return 130 if report.interrupted else 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .run import run_demo
+
+    report = run_demo(out=args.out, scene=args.scene, samples_dir=args.samples_dir, quiet=bool(args.quiet))
+    return 130 if report.interrupted else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return {"track": cmd_track, "demo": cmd_demo}[args.command](args)
+    except VostreamError as exc:
+        if args.debug:
+            logger.exception("failed")
+        print(f"vostream: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("vostream: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - last resort: one line, not a traceback dump
+        if args.debug:
+            raise
+        print(f"vostream: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback, "
+              "and please report it)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

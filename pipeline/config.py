@@ -1,0 +1,162 @@
+"""Settings of a ``vostream track`` run, from a TOML config file overridden by command-line flags.
+
+Every command-line option has a config key of the same name with ``_`` for ``-`` (``--queue-size`` ->
+``queue_size``).  Prompts go in ``[[prompts]]`` tables with the prompts-file schema (``docs/prompts.md``), tracker
+options in a ``[tracker]`` table.  Example (``docs/config.md`` has the full reference)::
+
+    source = "samples/media/demo.mp4"
+    out = "out/demo"
+    save = ["video", "json", "mot"]
+    backend = "classic"
+
+    [[prompts]]
+    obj = 1
+    frame = 0
+    points = [[420, 240]]
+
+    [tracker]
+    work_size = [480, 270]
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .stage import POLICIES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SAVE_FORMATS = ("video", "png", "json", "mot")
+DEFAULT_SAVE = ("video", "json", "mot")
+
+
+@dataclass
+class TrackSettings:
+    """Everything a ``track`` run needs; built by :func:`merge_settings`."""
+
+    source: str | None = None
+    out: str | None = None
+    save: tuple[str, ...] = DEFAULT_SAVE
+    backend: str = "classic"
+    model: str | None = None
+    prompts_file: str | None = None
+    prompts: list[Any] = field(default_factory=list)  # Prompt / RemoveObject
+    queue_size: int = 8
+    policy: str | None = None
+    fill_holes: bool = False
+    min_area: int = 0
+    max_frames: int | None = None
+    tracker: dict[str, Any] = field(default_factory=dict)
+    quiet: bool = False
+
+
+_SIMPLE_KEYS = {f.name for f in fields(TrackSettings)} - {"prompts", "prompts_file"}
+_CONFIG_KEYS = _SIMPLE_KEYS | {"prompts"}
+_PATH_KEYS = {"source", "out", "model"}  # relative paths in a config file are relative to the file
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file into a dict of raw values (validated later by :func:`merge_settings`)."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r}: invalid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {str(p)!r}: cannot be read ({exc.strerror})") from exc
+    unknown = set(data) - _CONFIG_KEYS
+    if unknown:
+        raise ConfigError(f"config file {str(p)!r}: unknown key(s) {sorted(unknown)}; "
+                          f"known keys: {sorted(_CONFIG_KEYS)}")
+    data["__base__"] = p.parent
+    return data
+
+
+def parse_save(value: Any, where: str = "--save") -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise ConfigError(f"{where}: expected a comma-separated list of {', '.join(SAVE_FORMATS)}")
+    out = tuple(str(s).strip().lower() for s in items if str(s).strip())
+    bad = [s for s in out if s not in SAVE_FORMATS]
+    if bad:
+        raise ConfigError(f"{where}: unknown format(s) {bad}; choose from {', '.join(SAVE_FORMATS)}")
+    if not out:
+        raise ConfigError(f"{where}: no output format given; choose from {', '.join(SAVE_FORMATS)}")
+    return tuple(dict.fromkeys(out))
+
+
+def _check_type(key: str, value: Any, where: str) -> Any:
+    def want(cond: bool, what: str) -> None:
+        if not cond:
+            raise ConfigError(f"{where}: '{key}' must be {what}, got {value!r}")
+
+    if key in ("source", "out", "backend", "model"):
+        want(isinstance(value, str) and value != "", "a non-empty string")
+    elif key in ("queue_size",):
+        want(isinstance(value, int) and not isinstance(value, bool) and value >= 1, "an integer >= 1")
+    elif key in ("min_area",):
+        want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an integer >= 0")
+    elif key == "max_frames":
+        want(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+             "an integer >= 1")
+    elif key in ("fill_holes", "quiet"):
+        want(isinstance(value, bool), "true or false")
+    elif key == "policy":
+        want(value is None or value in POLICIES, f"one of {', '.join(POLICIES)}")
+    elif key == "tracker":
+        want(isinstance(value, dict), "a table of tracker options")
+    elif key == "save":
+        return parse_save(value, f"{where}: 'save'")
+    return value
+
+
+def merge_settings(config: dict[str, Any] | None, cli: dict[str, Any]) -> TrackSettings:
+    """Config values first, then every command-line value that was given (not None) on top.
+
+    ``cli['prompts']`` (a list, possibly empty) replaces the config's prompts when non-empty; so does
+    ``cli['prompts_file']``.
+    """
+    from .prompts import prompts_from_dicts
+
+    s = TrackSettings()
+    config = dict(config or {})
+    base = config.pop("__base__", Path("."))
+    for key, value in config.items():
+        if key == "prompts":
+            if isinstance(value, str):
+                s.prompts_file = str(base / value)
+            elif isinstance(value, list):
+                s.prompts = prompts_from_dicts(value, "config", base)
+            else:
+                raise ConfigError("config: 'prompts' must be a prompts-file path or an array of tables ([[prompts]])")
+        elif key in _PATH_KEYS and isinstance(value, str) and value and "://" not in value:
+            setattr(s, key, str(base / _check_type(key, value, "config")))
+        else:
+            setattr(s, key, _check_type(key, value, "config"))
+    if cli.get("prompts") or cli.get("prompts_file"):  # prompts on the command line replace the config's
+        s.prompts, s.prompts_file = [], None
+    for key, value in cli.items():
+        if key == "prompts":
+            s.prompts = list(value or s.prompts)
+        elif key == "prompts_file":
+            s.prompts_file = value or s.prompts_file
+        elif value is not None:
+            setattr(s, key, _check_type(key, value, "command line"))
+    if s.source is None:
+        raise ConfigError("no SOURCE given: pass a video file or frames directory (or 'source' in --config)")
+    if s.out is None:
+        raise ConfigError("no output directory given: pass --out DIR (or 'out' in --config)")
+    return s
+
+
+__all__ = ["DEFAULT_SAVE", "SAVE_FORMATS", "TrackSettings", "load_config", "merge_settings", "parse_save"]

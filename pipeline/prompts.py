@@ -1,0 +1,176 @@
+"""Prompts from files and command lines: parsing and validation.
+
+The prompts file (JSON) schema, documented in ``docs/prompts.md``::
+
+    {"prompts": [
+        {"obj": 1, "frame": 0, "points": [[320, 240], [300, 250]], "labels": [1, 0]},
+        {"obj": 2, "frame": 0, "box": [10, 20, 110, 140]},
+        {"obj": 3, "frame": 12, "mask": "obj3.png"},
+        {"obj": 1, "frame": 40, "points": [[330, 200]], "labels": [1]},
+        {"obj": 2, "frame": 90, "remove": true}
+    ]}
+
+A bare list of entries is accepted too.  Coordinates are source pixels; ``labels`` default to all-positive;
+``mask`` is a PNG path (relative to the prompts file) whose non-zero pixels are the object.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .errors import PromptError
+from .types import Prompt
+
+_ENTRY_KEYS = {"obj", "frame", "points", "labels", "box", "mask", "remove"}
+
+
+def parse_xy(text: str, option: str = "--point") -> tuple[float, float]:
+    """``"X,Y"`` -> (x, y)."""
+    return tuple(_numbers(text, 2, option))  # type: ignore[return-value]
+
+
+def parse_box(text: str, option: str = "--box") -> tuple[float, float, float, float]:
+    """``"X0,Y0,X1,Y1"`` -> box."""
+    return tuple(_numbers(text, 4, option))  # type: ignore[return-value]
+
+
+def _numbers(text: str, n: int, option: str) -> list[float]:
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        vals = [float(p) for p in parts]
+    except ValueError:
+        vals = []
+    if len(vals) != n or not all(math.isfinite(v) for v in vals):
+        shape = "X,Y" if n == 2 else "X0,Y0,X1,Y1"
+        raise PromptError(f"{option} {text!r}: expected {n} comma-separated numbers ({shape})")
+    return vals
+
+
+def load_mask_png(path: str | Path) -> np.ndarray:
+    """A boolean mask from a PNG (non-zero pixels, any mode)."""
+    from PIL import Image, UnidentifiedImageError
+
+    p = Path(path)
+    try:
+        with Image.open(p) as im:
+            arr = np.asarray(im.convert("L") if im.mode not in ("L", "P", "1", "I", "I;16") else im)
+    except FileNotFoundError:
+        raise PromptError(f"mask prompt {str(p)!r}: no such file") from None
+    except (UnidentifiedImageError, OSError) as exc:
+        raise PromptError(f"mask prompt {str(p)!r}: not a readable image ({exc})") from exc
+    if arr.ndim == 3:
+        arr = arr.any(axis=2)
+    mask = arr != 0
+    if not mask.any():
+        raise PromptError(f"mask prompt {str(p)!r} is empty (no non-zero pixels)")
+    return mask
+
+
+def _entry_prompt(entry: Any, where: str, base: Path) -> Prompt | Any:
+    from vostream.stages.track import RemoveObject
+
+    if not isinstance(entry, dict):
+        raise PromptError(f"{where}: each prompt must be an object with 'obj' and 'frame', got {type(entry).__name__}")
+    unknown = set(entry) - _ENTRY_KEYS
+    if unknown:
+        raise PromptError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_ENTRY_KEYS)}")
+    obj = entry.get("obj")
+    if isinstance(obj, bool) or not isinstance(obj, int) or obj < 0:
+        raise PromptError(f"{where}: 'obj' must be a non-negative integer, got {obj!r}")
+    frame = entry.get("frame", 0)
+    if isinstance(frame, bool) or not isinstance(frame, int) or frame < 0:
+        raise PromptError(f"{where}: 'frame' must be a non-negative integer, got {frame!r}")
+    if entry.get("remove"):
+        if set(entry) - {"obj", "frame", "remove"}:
+            raise PromptError(f"{where}: a 'remove' entry takes only 'obj' and 'frame'")
+        return RemoveObject(obj, frame)
+    points = entry.get("points", [])
+    if not isinstance(points, list) or not all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and all(_is_num(v) for v in p) for p in points):
+        raise PromptError(f"{where}: 'points' must be a list of [x, y] number pairs")
+    labels = entry.get("labels", [1] * len(points))
+    if not isinstance(labels, list) or len(labels) != len(points) or not all(l in (0, 1) for l in labels):
+        raise PromptError(f"{where}: 'labels' must be a list of 0/1, one per point ({len(points)})")
+    box = entry.get("box")
+    if box is not None and (not isinstance(box, (list, tuple)) or len(box) != 4 or not all(_is_num(v) for v in box)):
+        raise PromptError(f"{where}: 'box' must be [x0, y0, x1, y1]")
+    mask = None
+    if entry.get("mask") is not None:
+        if not isinstance(entry["mask"], str):
+            raise PromptError(f"{where}: 'mask' must be a PNG file path")
+        try:
+            mask = load_mask_png(base / entry["mask"])
+        except PromptError as exc:
+            raise PromptError(f"{where}: {exc}") from None
+    try:
+        return Prompt(obj, frame, np.asarray(points, np.float32).reshape(-1, 2), labels, box, mask)
+    except PromptError as exc:
+        raise PromptError(f"{where}: {exc}") from None
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def load_prompts_file(path: str | Path) -> list[Any]:
+    """Parse a prompts JSON file into prompts and remove messages, validated (see the module docstring)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PromptError(f"prompts file {str(p)!r}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptError(f"prompts file {str(p)!r}: cannot be read ({exc})") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PromptError(f"prompts file {str(p)!r}: invalid JSON at line {exc.lineno} column {exc.colno}: "
+                          f"{exc.msg}") from None
+    entries = data.get("prompts") if isinstance(data, dict) else data
+    if isinstance(data, dict) and set(data) - {"prompts"}:
+        raise PromptError(f"prompts file {str(p)!r}: unknown top-level key(s) {sorted(set(data) - {'prompts'})}")
+    if not isinstance(entries, list) or not entries:
+        raise PromptError(f"prompts file {str(p)!r}: expected {{\"prompts\": [ ... ]}} with at least one entry")
+    out = [_entry_prompt(e, f"prompts file {str(p)!r}, entry {i}", p.parent) for i, e in enumerate(entries)]
+    return out
+
+
+def prompts_from_dicts(entries: Sequence[dict[str, Any]], where: str = "config", base: Path = Path(".")) -> list[Any]:
+    """Same schema as the prompts file, from already-parsed data (e.g. a TOML config's ``[[prompts]]``)."""
+    return [_entry_prompt(e, f"{where}, prompt {i}", base) for i, e in enumerate(entries)]
+
+
+def check_prompt_sequence(messages: Iterable[Any], width: int | None = None, height: int | None = None,
+                          source: str = "") -> None:
+    """Validate a whole schedule before running: every point inside the frame, every object's first prompt
+    positive (a point, box or mask), and no removal of an object that does not exist at that frame."""
+    from vostream.stages.track import RemoveObject, ResetTracker
+
+    ordered = sorted(enumerate(messages), key=lambda im: (im[1].frame_index, im[0]))
+    alive: set[int] = set()
+    for _, msg in ordered:
+        if isinstance(msg, Prompt):
+            if width is not None and height is not None:
+                msg.check_bounds(width, height, source)
+            if msg.obj_id not in alive:
+                if not (len(msg.positive_points) or msg.box is not None or msg.mask is not None):
+                    raise PromptError(
+                        f"object {msg.obj_id}: its first prompt (frame {msg.frame_index}) has only negative points; "
+                        "an object must start with a positive point, a box or a mask")
+                alive.add(msg.obj_id)
+        elif isinstance(msg, RemoveObject):
+            if msg.obj_id not in alive:
+                raise PromptError(f"cannot remove object {msg.obj_id} at frame {msg.frame_index}: unknown object id "
+                                  f"(known then: {sorted(alive) or 'none'})")
+            alive.discard(msg.obj_id)
+        elif isinstance(msg, ResetTracker):
+            alive.clear()
+
+
+__all__ = ["check_prompt_sequence", "load_mask_png", "load_prompts_file", "parse_box", "parse_xy",
+           "prompts_from_dicts"]

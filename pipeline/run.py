@@ -1,0 +1,147 @@
+"""Assembling and running a whole ``track`` job: source → preprocess → track → postprocess → file sinks.
+
+Used by the CLI (``vostream track``, ``vostream demo``) and by the runnable examples; everything here is plain
+function calls on top of the engine, so a program can do the same with its own stages or sinks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .config import TrackSettings
+from .engine import Pipeline, RunReport, handle_signals
+from .errors import ConfigError, OutputError
+
+logger = logging.getLogger(__name__)
+
+
+def _prepare_out_dir(out: str) -> Path:
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"output directory {out!r} cannot be created: {exc.strerror}") from exc
+    if not path.is_dir():
+        raise OutputError(f"output path {out!r} exists and is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise OutputError(f"output directory {out!r} is not writable")
+    return path
+
+
+def collect_prompts(settings: TrackSettings) -> list[Any]:
+    from .prompts import load_prompts_file
+
+    prompts = list(settings.prompts)
+    if settings.prompts_file:
+        prompts += load_prompts_file(settings.prompts_file)
+    if not prompts:
+        raise ConfigError("nothing to track: give a prompt (--point X,Y, --box X0,Y0,X1,Y1, --mask PNG) "
+                          "or a prompts file (--prompts FILE.json)")
+    return prompts
+
+
+def build_track_pipeline(settings: TrackSettings) -> tuple[Pipeline, dict[str, Any]]:
+    """The pipeline for ``settings`` plus a dict of facts for the summary.  Validates everything that can be
+    validated before a frame is decoded: the source opens, prompts fit the frame, the output is writable."""
+    from vostream.sinks import build_file_sinks
+    from vostream.stages.decode import open_source, probe
+    from vostream.stages.postprocess import PostprocessStage
+    from vostream.stages.preprocess import PreprocessStage
+    from vostream.stages.track import TrackStage
+    from vostream.stages.trackers import load_tracker
+
+    from .prompts import check_prompt_sequence
+
+    assert settings.source is not None and settings.out is not None
+    info = probe(settings.source)
+    prompts = collect_prompts(settings)
+    check_prompt_sequence(prompts, info.width, info.height, settings.source)
+    out_dir = _prepare_out_dir(settings.out)
+
+    options = dict(settings.tracker)
+    if settings.model is not None:
+        options["model"] = settings.model
+    tracker = load_tracker(settings.backend, **options)
+    source = open_source(settings.source, max_frames=settings.max_frames)
+    stages = [
+        PreprocessStage(tracker.input_spec, ring=settings.queue_size + 4),
+        TrackStage(tracker, prompts),
+        PostprocessStage(fill_holes=settings.fill_holes, min_area=settings.min_area),
+    ]
+    sinks = build_file_sinks(out_dir, settings.save, fps=info.fps, source_name=Path(settings.source).name)
+    pipe = Pipeline(source, stages, sinks, policy=settings.policy, queue_size=settings.queue_size,
+                    name=Path(settings.source).name)
+    facts = {"source": settings.source, "width": info.width, "height": info.height, "fps": info.fps,
+             "frames_expected": info.frames, "out": str(out_dir), "backend": settings.backend,
+             "save": list(settings.save), "objects": sorted({p.obj_id for p in prompts if hasattr(p, "points")})}
+    return pipe, facts
+
+
+def _run_with_progress(pipe: Pipeline, total: int | None, quiet: bool) -> RunReport:
+    bar = None
+    if not quiet and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="frame", desc="tracking", dynamic_ncols=True, leave=False)
+    with handle_signals(pipe):
+        pipe.start()
+        last_log = time.monotonic()
+        while True:
+            try:
+                report = pipe.wait(timeout=0.25)
+                break
+            except TimeoutError:
+                pass
+            done = pipe.metrics().frames
+            if bar is not None:
+                bar.update(done - bar.n)
+            elif not quiet and time.monotonic() - last_log >= 10.0:
+                last_log = time.monotonic()
+                logger.info("%d/%s frames", done, total if total else "?")
+            continue
+        if bar is not None:
+            bar.update(report.frames - bar.n)
+            bar.close()
+    return report
+
+
+def write_summary(path: Path, facts: dict[str, Any], report: RunReport) -> dict[str, Any]:
+    from vostream.sinks.atomic import atomic_write_text
+
+    summary = dict(facts)
+    summary.update({"frames": report.frames, "wall_s": round(report.wall_s, 3), "fps": round(report.fps, 2),
+                    "interrupted": report.interrupted, "metrics": report.metrics.as_dict()})
+    atomic_write_text(path, json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    lines = [f"{summary['frames']} frames in {summary['wall_s']:.2f} s ({summary['fps']:.1f} fps)"
+             + (" — interrupted, outputs finalised" if summary["interrupted"] else "")]
+    stages = summary["metrics"].get("nodes", summary["metrics"].get("stages", []))
+    if isinstance(stages, dict):
+        stages = [dict(v, name=k) for k, v in stages.items()]
+    for node in stages:
+        lat = node.get("latency_ms", {}) or {}
+        lines.append(f"  {node.get('name', '?'):<14} p50 {lat.get('p50', 0):7.2f} ms  p95 {lat.get('p95', 0):7.2f} ms"
+                     f"  drops {node.get('drops', 0)}")
+    lines.append(f"outputs in {summary['out']}")
+    return "\n".join(lines)
+
+
+def run_track(settings: TrackSettings) -> RunReport:
+    pipe, facts = build_track_pipeline(settings)
+    report = _run_with_progress(pipe, facts["frames_expected"] or settings.max_frames, settings.quiet)
+    summary = write_summary(Path(facts["out"]) / "summary.json", facts, report)
+    if not settings.quiet:
+        print(format_summary(summary), file=sys.stderr)
+    return report
+
+
+__all__ = ["build_track_pipeline", "collect_prompts", "format_summary", "run_track", "write_summary"]

@@ -1,0 +1,151 @@
+"""The track stage: drives one :class:`~vostream.stages.trackers.base.TrackerSession` from the pipeline.
+
+Prompts reach it two ways: up front (``prompts=``, e.g. from the command line or a prompts file) and while running
+(:meth:`Pipeline.send_control` with a :class:`Prompt`, :class:`RemoveObject` or :class:`ResetTracker`, e.g. from the
+viewer).  Either way each one is held until the frame it names and applied just before that frame is tracked.  A
+prompt whose frame has already gone by (a live feed, a click on a frame that was dropped) is applied to the next
+frame and counted as ``late_prompts``.
+
+Failure behaviour: a prompt given up front that cannot be applied (a point outside the frame) stops the pipeline
+with a :class:`PromptError`; a prompt injected while running that cannot be applied is logged and counted as
+``rejected_prompts`` (one bad click in the viewer must not end a live session).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from vostream.pipeline.errors import PromptError
+from vostream.pipeline.stage import Stage
+from vostream.pipeline.types import Frame, Prompt, TrackResult
+
+from .trackers.base import Tracker, TrackerSession
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RemoveObject:
+    """Control message: forget object ``obj_id`` from frame ``frame_index`` on."""
+
+    obj_id: int
+    frame_index: int = 0
+
+
+@dataclass(frozen=True)
+class ResetTracker:
+    """Control message: forget every object from frame ``frame_index`` on."""
+
+    frame_index: int = 0
+
+
+Control = Prompt | RemoveObject | ResetTracker
+
+
+@dataclass(order=True)
+class _Pending:
+    frame_index: int
+    seq: int
+    message: Any = field(compare=False)
+    injected: bool = field(compare=False, default=False)
+
+
+class TrackStage(Stage[Frame, Frame]):
+    """Sets ``frame.result`` with the tracker's output (logits at tracker resolution) for every frame."""
+
+    name = "track"
+
+    def __init__(self, tracker: Tracker, prompts: Iterable[Control] = ()) -> None:
+        self.tracker = tracker
+        self.session: TrackerSession | None = None
+        self._pending: list[_Pending] = []
+        self._seq = itertools.count()
+        self.late_prompts = 0
+        self.rejected_prompts = 0
+        self.applied_prompts = 0
+        self.unapplied: list[Any] = []
+        for p in prompts:
+            self._schedule(p, injected=False)
+
+    # -- control ---------------------------------------------------------------------------------------------
+    def _schedule(self, message: Any, injected: bool) -> None:
+        if not isinstance(message, (Prompt, RemoveObject, ResetTracker)):
+            raise TypeError(f"track stage cannot handle {type(message).__name__}")
+        bisect.insort(self._pending, _Pending(message.frame_index, next(self._seq), message, injected))
+
+    def handle_control(self, message: Any) -> bool:
+        if isinstance(message, (Prompt, RemoveObject, ResetTracker)):
+            self._schedule(message, injected=True)
+            return True
+        return False
+
+    # -- stage -----------------------------------------------------------------------------------------------
+    def open(self) -> None:
+        if self.session is None:
+            self.session = self.tracker.new_session()
+
+    def _apply(self, item: _Pending, frame: Frame) -> None:
+        session = self.session
+        assert session is not None
+        msg = item.message
+        try:
+            if isinstance(msg, Prompt):
+                msg.check_bounds(frame.width, frame.height, frame.source_id)
+                if msg.frame_index != frame.index:
+                    msg = Prompt(msg.obj_id, frame.index, msg.points, msg.labels, msg.box, msg.mask)
+                session.add_prompt(msg)
+                self.applied_prompts += 1
+            elif isinstance(msg, RemoveObject):
+                session.remove_object(msg.obj_id)
+            else:
+                session.reset()
+        except PromptError as exc:
+            if not item.injected:
+                raise
+            self.rejected_prompts += 1
+            logger.warning("ignored a prompt on frame %d: %s", frame.index, exc)
+
+    def process(self, frame: Frame) -> Frame:
+        if self.session is None:
+            self.open()
+        assert self.session is not None
+        while self._pending and self._pending[0].frame_index <= frame.index:
+            item = self._pending.pop(0)
+            if item.frame_index < frame.index:
+                self.late_prompts += 1
+            self._apply(item, frame)
+        if self.session.object_ids:
+            frame.result = self.session.step(frame)
+        else:
+            frame.result = TrackResult.empty(frame.index, frame.height, frame.width)
+        return frame
+
+    def finish(self) -> Iterable[Frame]:
+        if self._pending:
+            self.unapplied = [p.message for p in self._pending]
+            last = max(p.frame_index for p in self._pending)
+            logger.warning("%d prompt(s) were never applied: the stream ended before frame %d",
+                           len(self._pending), last)
+            self._pending.clear()
+        return ()
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "objects": len(self.session.object_ids) if self.session is not None else 0,
+            "applied_prompts": self.applied_prompts,
+            "late_prompts": self.late_prompts,
+            "rejected_prompts": self.rejected_prompts,
+            "unapplied_prompts": len(self.unapplied),
+        }
+
+
+__all__ = ["Control", "RemoveObject", "ResetTracker", "TrackStage"]
