@@ -13,8 +13,9 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +59,8 @@ class Ring:
         return len(self._values)
 
 
-class QueueLike:
-    """What a snapshot reads from a node's input queue (duck-typed: :class:`~.queues.BoundedQueue`)."""
+class QueueLike(Protocol):
+    """What a snapshot reads from a node's input queue (:class:`~.queues.BoundedQueue` provides it)."""
 
     capacity: int
     policy: str
@@ -67,8 +68,7 @@ class QueueLike:
     discarded: int
     max_depth: int
 
-    def __len__(self) -> int:  # pragma: no cover - protocol
-        return 0
+    def __len__(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -101,11 +101,15 @@ class NodeSnapshot:
 
 @dataclass(frozen=True)
 class MetricsSnapshot:
-    """Every node's metrics at one moment, in pipeline order (source, stages, sinks)."""
+    """Every node's metrics at one moment, in pipeline order (source, stages, sinks).
+
+    ``frames``: items that left the last stage so far (the source when there is no stage): a progress count.
+    """
 
     pipeline: str
     elapsed_s: float
     nodes: tuple[NodeSnapshot, ...] = ()
+    frames: int = 0
 
     def __getitem__(self, name: str) -> NodeSnapshot:
         for node in self.nodes:
@@ -118,8 +122,8 @@ class MetricsSnapshot:
         return [n.name for n in self.nodes]
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-able: ``{"pipeline", "elapsed_s", "nodes": [node.as_dict(), ...]}``."""
-        return {"pipeline": self.pipeline, "elapsed_s": self.elapsed_s,
+        """JSON-able: ``{"pipeline", "elapsed_s", "frames", "nodes": [node.as_dict(), ...]}``."""
+        return {"pipeline": self.pipeline, "elapsed_s": self.elapsed_s, "frames": self.frames,
                 "nodes": [n.as_dict() for n in self.nodes]}
 
     def summary(self) -> str:
@@ -134,7 +138,7 @@ class MetricsSnapshot:
             if n.drops:
                 text += f" drop {n.drops}"
             parts.append(text)
-        return f"[{self.pipeline} {self.elapsed_s:.1f}s] " + " | ".join(parts)
+        return f"[{self.pipeline} {self.elapsed_s:.1f}s {self.frames}f] " + " | ".join(parts)
 
     _COUNTERS = ("frames_in", "frames_out", "filtered", "drops", "discarded")
     _GAUGES = ("queue_depth", "queue_max", "queue_capacity", "latency_ms_p50", "latency_ms_p95",
@@ -230,8 +234,8 @@ class NodeMetrics:
             )
 
 
-def snapshot_all(pipeline: str, elapsed_s: float, nodes: Iterable[NodeMetrics]) -> MetricsSnapshot:
-    return MetricsSnapshot(pipeline, elapsed_s, tuple(n.snapshot() for n in nodes))
+def snapshot_all(pipeline: str, elapsed_s: float, nodes: Iterable[NodeMetrics], frames: int = 0) -> MetricsSnapshot:
+    return MetricsSnapshot(pipeline, elapsed_s, tuple(n.snapshot() for n in nodes), frames)
 
 
 __all__ = ["WINDOW", "MetricsSnapshot", "NodeMetrics", "NodeSnapshot", "Ring", "percentile", "snapshot_all"]

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from .errors import ConfigError
 from .stage import BLOCK, LATEST, POLICIES
@@ -28,13 +29,6 @@ POLL_S = 0.05
 
 class _Empty:
     """Returned by :meth:`BoundedQueue.get` when nothing arrived (timeout or :meth:`BoundedQueue.wake`)."""
-
-    _instance: _Empty | None = None
-
-    def __new__(cls) -> _Empty:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
 
     def __repr__(self) -> str:
         return "EMPTY"
@@ -98,8 +92,7 @@ class BoundedQueue(Generic[T]):
     def _append(self, item: T) -> None:
         self._items.append(item)
         n = min(len(self._items), self.capacity)  # the end marker may exceed capacity by one: not a depth
-        if n > self.max_depth:
-            self.max_depth = n
+        self.max_depth = max(self.max_depth, n)
         self._cond.notify_all()
 
     # -- consumer side -------------------------------------------------------------------------------------------

@@ -1,0 +1,651 @@
+"""The dataflow engine: a source, a chain of stages and a fan-out of sinks, each in its own thread.
+
+See ``docs/pipeline.md`` for the full behaviour.  In short: nodes are joined by :class:`~.queues.BoundedQueue`
+edges (``block`` or ``latest``); end of stream flows as a marker; :meth:`Pipeline.stop` drains,
+:meth:`Pipeline.cancel` discards; the first exception anywhere stops the pipeline (upstream aborted, downstream
+drained, every ``close()`` called once) and :meth:`Pipeline.wait` raises it, wrapped in :class:`StageError`
+unless it already is a :class:`VostreamError`.
+
+Thread-safety: every public method of :class:`Pipeline` may be called from any thread; :meth:`Pipeline.stop` and
+:meth:`Pipeline.cancel` only set flags, so they are also safe inside signal handlers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError, Interrupted, StageError, VostreamError
+from .metrics import MetricsSnapshot, NodeMetrics, snapshot_all
+from .queues import EMPTY, POLL_S, BoundedQueue
+from .stage import BLOCK, LATEST, POLICIES, Sink, SinkSpec, Source, Stage
+
+logger = logging.getLogger(__name__)
+
+#: How often (seconds) a node refreshes its object's ``stats()`` into the metrics.
+STATS_EVERY_S = 0.25
+
+
+class _EndOfStream:
+    def __repr__(self) -> str:
+        return "END_OF_STREAM"
+
+
+END_OF_STREAM: Any = _EndOfStream()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Public result types
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunReport:
+    """What a finished run did.  ``frames``: items that left the last stage (the source when there is none).
+
+    ``reason``: ``"end"`` (end of stream), ``"stop"``, ``"cancel"``, ``"signal"`` or ``"error"``.
+    ``interrupted`` is True when the run ended before the end of stream for any reason but an error.
+    """
+
+    name: str
+    frames: int
+    wall_s: float
+    fps: float
+    interrupted: bool
+    cancelled: bool
+    reason: str
+    metrics: MetricsSnapshot
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "frames": self.frames, "wall_s": self.wall_s, "fps": self.fps,
+                "interrupted": self.interrupted, "cancelled": self.cancelled, "reason": self.reason,
+                "error": self.error, "metrics": self.metrics.as_dict()}
+
+    def summary(self) -> str:
+        head = f"{self.name}: {self.frames} frames in {self.wall_s:.2f}s ({self.fps:.1f} fps), {self.reason}"
+        return head + "\n" + self.metrics.summary()
+
+
+class ControlReceipt:
+    """Tracks one control message across the stages.  Thread-safe.
+
+    ``consumed_by``: stages whose ``handle_control`` returned True; ``errors``: ``(stage, ConfigError)`` pairs;
+    ``undelivered``: stages that ended before they could take it.  :meth:`wait` returns once every stage is done.
+    """
+
+    def __init__(self, message: Any, stages: Sequence[str]) -> None:
+        self.message = message
+        self.consumed_by: list[str] = []
+        self.errors: list[tuple[str, BaseException]] = []
+        self.undelivered: list[str] = []
+        self._pending = set(stages)
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        if not self._pending:
+            self._done.set()
+
+    def _settle(self, stage: str, consumed: bool = False, error: BaseException | None = None,
+                delivered: bool = True) -> None:
+        with self._lock:
+            if consumed:
+                self.consumed_by.append(stage)
+            if error is not None:
+                self.errors.append((stage, error))
+            if not delivered:
+                self.undelivered.append(stage)
+            self._pending.discard(stage)
+            finished = not self._pending
+        if finished:
+            if not self.consumed_by and not self.errors:
+                logger.warning("control message %r was not consumed by any stage", self.message)
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def consumed(self) -> bool:
+        return bool(self.consumed_by)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every stage handled (or could no longer take) the message; False on timeout."""
+        return self._done.wait(timeout)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Internal node state
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class _Node:
+    """One thread's worth of state.  ``order``: 0 source, 1..n stages, n+1 sinks (for upstream/downstream)."""
+
+    name: str
+    kind: str
+    order: int
+    obj: Any  # Source | Stage | SinkSpec
+    inq: BoundedQueue[Any] | None
+    outs: list[BoundedQueue[Any]]
+    metrics: NodeMetrics
+    controls: deque[tuple[Any, ControlReceipt]] = field(default_factory=deque)
+    abort: bool = False  # discard queued items and leave (set by cancel or by an error downstream)
+    thread: threading.Thread | None = None
+    ordinal: int = 0  # items received (stages, sinks) or read (source)
+    stats_at: float = 0.0
+    ended: bool = False
+
+
+def _unique(names: Sequence[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
+    return out
+
+
+def _frame_index(item: Any, ordinal: int) -> int:
+    index = getattr(item, "index", None)
+    if isinstance(index, int) and not isinstance(index, bool):
+        return index
+    return ordinal
+
+
+class Pipeline:
+    """Run ``source`` → ``stages`` → fan-out to ``sinks``, each in its own thread, joined by bounded queues.
+
+    ``policy``: ``None`` (``latest`` when ``source.live`` else ``block``), ``"block"``/``"latest"`` for every edge,
+    or a mapping ``{edge name: policy}`` naming a stage's or sink's input edge (others follow the default).  A
+    sink's ``SinkSpec.policy`` wins over the default but not over the mapping.  ``queue_size`` bounds each stage
+    edge; each sink's edge holds ``SinkSpec.queue_size``.  A pipeline runs once.
+    """
+
+    def __init__(self, source: Source[Any], stages: Sequence[Stage[Any, Any]] = (),
+                 sinks: Sequence[SinkSpec[Any]] = (), *, policy: str | Mapping[str, str] | None = None,
+                 queue_size: int = 8, name: str = "pipeline") -> None:
+        if not isinstance(source, Source):
+            raise ConfigError(f"pipeline '{name}': source must be a vostream Source, got {type(source).__name__}")
+        for s in stages:
+            if not isinstance(s, Stage):
+                raise ConfigError(f"pipeline '{name}': every stage must be a vostream Stage, got {type(s).__name__}")
+        for spec in sinks:
+            if not isinstance(spec, SinkSpec):
+                raise ConfigError(f"pipeline '{name}': every sink must be a SinkSpec (an inert description whose "
+                                  f"build() makes the sink), got {type(spec).__name__}")
+        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
+            raise ConfigError(f"pipeline '{name}': queue_size must be an integer >= 1, got {queue_size!r}")
+        self.name = name
+        self.source = source
+        default = LATEST if getattr(source, "live", False) else BLOCK
+        per_edge: Mapping[str, str] = {}
+        if isinstance(policy, str):
+            default = policy
+        elif policy is not None:
+            per_edge = dict(policy)
+        names = _unique([source.name] + [s.name for s in stages] + [s.name for s in sinks])
+        src_name, stage_names, sink_names = names[0], names[1:1 + len(stages)], names[1 + len(stages):]
+        for p in [default, *per_edge.values()]:
+            if p not in POLICIES:
+                raise ConfigError(f"pipeline '{name}': unknown edge policy {p!r}; use 'block' or 'latest'")
+        unknown = set(per_edge) - set(stage_names) - set(sink_names)
+        if unknown:
+            raise ConfigError(f"pipeline '{name}': policy names unknown edge(s) {sorted(unknown)}; edges are named "
+                              f"after their consumer: {', '.join(stage_names + sink_names) or '(none)'}")
+
+        self._nodes: list[_Node] = []
+        src = _Node(src_name, "source", 0, source, None, [], NodeMetrics(src_name, "source"))
+        self._nodes.append(src)
+        prev = src
+        self._stages: list[_Node] = []
+        for i, (stage, sname) in enumerate(zip(stages, stage_names), start=1):
+            q: BoundedQueue[Any] = BoundedQueue(queue_size, per_edge.get(sname, default), sname)
+            node = _Node(sname, "stage", i, stage, q, [], NodeMetrics(sname, "stage", q))
+            prev.outs.append(q)
+            self._nodes.append(node)
+            self._stages.append(node)
+            prev = node
+        self._sinks: list[_Node] = []
+        for spec, kname in zip(sinks, sink_names):
+            pol = per_edge.get(kname) or spec.policy or default
+            if pol not in POLICIES:
+                raise ConfigError(f"sink '{kname}': unknown policy {pol!r}; use 'block', 'latest' or None")
+            q = BoundedQueue(spec.queue_size, pol, kname)
+            node = _Node(kname, "sink", len(stages) + 1, spec, q, [], NodeMetrics(kname, "sink", q))
+            prev.outs.append(q)
+            self._nodes.append(node)
+            self._sinks.append(node)
+        self._last = prev  # the node whose output is "the pipeline's output"
+
+        self._lock = threading.Lock()
+        self._wake = threading.Event()  # set from normal threads (never from a signal handler) to rouse the supervisor
+        self._done = threading.Event()
+        self._all_open = threading.Event()
+        self._opened = 0
+        self._stop = False
+        self._drain = True
+        self._cancel = False
+        self._signalled = False
+        self._natural_end = False
+        self._error: tuple[_Node, BaseException, int | None] | None = None
+        self._started_at: float | None = None
+        self._finished_at: float | None = None
+        self._supervisor: threading.Thread | None = None
+        self.report: RunReport | None = None
+
+    # -- public API -----------------------------------------------------------------------------------------------
+    @property
+    def node_names(self) -> list[str]:
+        """Node names in pipeline order: source, stages, sinks (edges are named after their consumer)."""
+        return [n.name for n in self._nodes]
+
+    @property
+    def running(self) -> bool:
+        return self._started_at is not None and not self._done.is_set()
+
+    def start(self) -> None:
+        """Start every thread.  Raises :class:`ConfigError` if this pipeline was started before."""
+        with self._lock:
+            if self._started_at is not None:
+                raise ConfigError(f"pipeline '{self.name}' was already started; build a new Pipeline to run again")
+            self._started_at = time.monotonic()
+        if not self._sinks and not self._stages:
+            logger.info("pipeline '%s' has no stages and no sinks: items are read and discarded", self.name)
+        if len(self._nodes) == 1:
+            self._all_open.set()
+        runners: dict[str, Callable[[_Node], None]] = {
+            "source": self._run_source, "stage": self._run_stage, "sink": self._run_sink}
+        for node in self._nodes:
+            node.thread = threading.Thread(target=runners[node.kind], args=(node,), daemon=True,
+                                           name=f"vostream-{self.name}-{node.name}")
+        for node in self._nodes:
+            assert node.thread is not None
+            node.thread.start()
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True,
+                                            name=f"vostream-{self.name}-supervisor")
+        self._supervisor.start()
+
+    def wait(self, timeout: float | None = None) -> RunReport:
+        """Wait for the run to end; return its :class:`RunReport` or raise its error.
+
+        Raises the failing node's :class:`VostreamError` as is, or :class:`StageError` naming the node (the original
+        exception as ``__cause__``); ``TimeoutError`` when ``timeout`` passes first (the pipeline keeps running).
+        Waits in short slices so signal handlers run promptly in the main thread.
+        """
+        if self._started_at is None:
+            raise ConfigError(f"pipeline '{self.name}' was not started; call start() or run()")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._done.wait(0.1):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"pipeline '{self.name}' still running after {timeout} s; "
+                                       "call stop() or cancel() to end it")
+        except KeyboardInterrupt as exc:  # Ctrl-C without handle_signals(): finalise outputs, then leave
+            if isinstance(exc, Interrupted):
+                raise
+            self._signalled = True
+            self.cancel()
+            self._done.wait()
+            raise Interrupted(f"pipeline '{self.name}' interrupted; outputs were closed") from exc
+        if self._supervisor is not None:
+            self._supervisor.join()
+        self._raise_error()
+        assert self.report is not None
+        return self.report
+
+    def run(self) -> RunReport:
+        """:meth:`start` then :meth:`wait`."""
+        self.start()
+        return self.wait()
+
+    def stop(self, drain: bool = True) -> None:
+        """End the run: the source stops; with ``drain`` every item in flight is finished (stages' ``finish()``
+        included), else queued items are discarded as by :meth:`cancel`.  Idempotent; only sets flags."""
+        if not drain:
+            self.cancel()
+            return
+        self._stop = True
+
+    def cancel(self) -> None:
+        """End the run now: the source stops, queued items are discarded, ``finish()`` is skipped, sinks are
+        closed with what they already wrote.  Idempotent; only sets flags."""
+        self._cancel = True
+        self._stop = True
+
+    def send_control(self, message: Any) -> ControlReceipt:
+        """Queue ``message`` for every stage's ``handle_control``, delivered in that stage's thread before its
+        next item (or while it waits for one).  Thread-safe; messages keep their order per stage."""
+        receipt = ControlReceipt(message, [n.name for n in self._stages])
+        for node in self._stages:
+            with self._lock:
+                if node.ended:
+                    receipt._settle(node.name, delivered=False)
+                    continue
+                node.controls.append((message, receipt))
+            assert node.inq is not None
+            node.inq.wake()
+        return receipt
+
+    def metrics(self) -> MetricsSnapshot:
+        """A live snapshot of every node's metrics (safe from any thread, any time)."""
+        start = self._started_at
+        end = self._finished_at if self._finished_at is not None else time.monotonic()
+        return snapshot_all(self.name, 0.0 if start is None else end - start, (n.metrics for n in self._nodes),
+                            frames=self._last.metrics.frames_out)
+
+    def __enter__(self) -> Pipeline:  # noqa: PYI034 - Self needs Python 3.11
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self._started_at is None:
+            return
+        if exc is not None:
+            self.cancel()
+            with contextlib.suppress(Exception):
+                self.wait()
+            return
+        self.stop(drain=True)
+        self.wait()
+
+    # -- error bookkeeping ------------------------------------------------------------------------------------------
+    def _fail(self, node: _Node, exc: BaseException, item: Any = None) -> None:
+        """Record ``exc`` from ``node``; abort every node upstream of it and stop the source."""
+        if node.kind == "source":
+            index: int | None = node.ordinal  # the index of the item it failed to produce
+        else:
+            index = None if item is None else _frame_index(item, node.ordinal - 1)
+        with self._lock:
+            first = self._error is None
+            if first:
+                self._error = (node, exc, index)
+        if first:
+            logger.error("pipeline '%s': %s '%s' failed: %s: %s", self.name, node.kind, node.name,
+                         type(exc).__name__, exc)
+        else:
+            logger.warning("pipeline '%s': %s '%s' also failed: %s: %s", self.name, node.kind, node.name,
+                           type(exc).__name__, exc)
+        for other in self._nodes:
+            if other.order < node.order:
+                other.abort = True
+        self._stop = True
+        self._wake.set()
+
+    def _raise_error(self) -> None:
+        if self._error is None:
+            return
+        node, exc, index = self._error
+        if isinstance(exc, VostreamError):
+            note = f"(in pipeline '{self.name}', {node.kind} '{node.name}')"
+            if hasattr(exc, "add_note") and note not in getattr(exc, "__notes__", ()):
+                exc.add_note(note)
+            raise exc
+        raise StageError(node.name, f"{type(exc).__name__}: {exc}", index) from exc
+
+    # -- node threads -----------------------------------------------------------------------------------------------
+    def _aborted(self, node: _Node) -> bool:
+        return node.abort or self._cancel
+
+    def _mark_open(self) -> None:
+        with self._lock:
+            self._opened += 1
+            if self._opened >= len(self._nodes) - 1:
+                self._all_open.set()
+
+    def _refresh_stats(self, node: _Node, obj: Any, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - node.stats_at < STATS_EVERY_S:
+            return
+        node.stats_at = now
+        try:
+            stats = obj.stats()
+        except Exception:  # stats are best effort: never fail a run for them
+            logger.exception("%s '%s': stats() failed", node.kind, node.name)
+            return
+        if stats:
+            node.metrics.set_extra(stats)
+
+    def _emit(self, node: _Node, item: Any) -> None:
+        stamps = getattr(item, "stamps", None)
+        if isinstance(stamps, dict):
+            stamps[node.name] = time.monotonic()
+        node.metrics.record_out(item)
+        for q in node.outs:
+            q.put(item, abort=lambda: self._aborted(node))
+
+    def _end_node(self, node: _Node, obj: Any) -> None:
+        """Common exit: refuse further input, close, pass the end marker on, settle pending controls.
+
+        Closing before passing the marker on keeps the documented order: the source is closed before any stage,
+        stages before the sinks."""
+        if node.inq is not None:
+            node.inq.close()
+        if obj is not None:
+            try:
+                obj.close()
+            except BaseException as exc:  # noqa: BLE001 - reported through wait()
+                self._fail(node, exc)
+            self._refresh_stats(node, obj, force=True)
+        for q in node.outs:
+            q.put_final(END_OF_STREAM)
+        with self._lock:
+            node.ended = True
+            pending = list(node.controls)
+            node.controls.clear()
+        for _, receipt in pending:
+            receipt._settle(node.name, delivered=False)
+        self._wake.set()
+
+    def _run_source(self, node: _Node) -> None:
+        source: Source[Any] = node.obj
+        try:
+            source.open()
+            while not self._all_open.wait(POLL_S):
+                if self._aborted(node) or self._stop:
+                    return
+            while not (self._stop or self._aborted(node)):
+                t0 = time.monotonic()
+                try:
+                    item = source.read()
+                except BaseException as exc:
+                    if self._stop:
+                        logger.debug("source '%s' raised after stop was requested (treated as end): %s",
+                                     node.name, exc)
+                        return
+                    raise
+                if item is None:
+                    self._natural_end = not self._stop  # an interrupted read also returns None
+                    return
+                node.metrics.record_latency(time.monotonic() - t0)
+                node.ordinal += 1
+                self._emit(node, item)
+                self._refresh_stats(node, source)
+        except BaseException as exc:  # noqa: BLE001 - reported through wait()
+            self._fail(node, exc)
+        finally:
+            self._end_node(node, source)
+
+    def _deliver_controls(self, node: _Node, stage: Stage[Any, Any]) -> None:
+        while True:
+            with self._lock:
+                if not node.controls:
+                    return
+                message, receipt = node.controls.popleft()
+            try:
+                consumed = bool(stage.handle_control(message))
+            except ConfigError as exc:
+                logger.warning("stage '%s' rejected control message %r: %s", node.name, message, exc)
+                receipt._settle(node.name, error=exc)
+                continue
+            except BaseException:
+                receipt._settle(node.name, delivered=False)
+                raise
+            receipt._settle(node.name, consumed=consumed)
+
+    def _run_stage(self, node: _Node) -> None:
+        stage: Stage[Any, Any] = node.obj
+        inq = node.inq
+        assert inq is not None
+        item: Any = None
+        try:
+            stage.open()
+            self._mark_open()
+            while True:
+                item = None
+                self._deliver_controls(node, stage)
+                if self._aborted(node):
+                    inq.clear()
+                    return
+                got = inq.get(POLL_S)
+                if got is EMPTY:
+                    continue
+                if got is END_OF_STREAM:
+                    self._deliver_controls(node, stage)
+                    item = None
+                    for out in stage.finish():
+                        if self._aborted(node):
+                            break
+                        self._emit(node, out)
+                    return
+                item = got
+                node.ordinal += 1
+                node.metrics.record_in()
+                t0 = time.monotonic()
+                out = stage.process(item)
+                node.metrics.record_latency(time.monotonic() - t0)
+                if out is None:
+                    node.metrics.record_filtered()
+                else:
+                    self._emit(node, out)
+                self._refresh_stats(node, stage)
+        except BaseException as exc:  # noqa: BLE001 - reported through wait()
+            self._fail(node, exc, item)
+        finally:
+            self._end_node(node, stage)
+
+    def _run_sink(self, node: _Node) -> None:
+        spec: SinkSpec[Any] = node.obj
+        inq = node.inq
+        assert inq is not None
+        sink: Sink[Any] | None = None
+        item: Any = None
+        try:
+            sink = spec.build()
+            sink.open()
+            self._mark_open()
+            while True:
+                if self._aborted(node):
+                    inq.clear()
+                    return
+                got = inq.get(POLL_S)
+                if got is EMPTY:
+                    continue
+                if got is END_OF_STREAM:
+                    return
+                item = got
+                node.ordinal += 1
+                node.metrics.record_in()
+                t0 = time.monotonic()
+                sink.write(item)
+                node.metrics.record_latency(time.monotonic() - t0)
+                node.metrics.record_out(item)
+                self._refresh_stats(node, sink)
+        except BaseException as exc:  # noqa: BLE001 - reported through wait()
+            self._fail(node, exc, item)
+        finally:
+            self._end_node(node, sink)
+
+    # -- supervisor ---------------------------------------------------------------------------------------------
+    def _supervise(self) -> None:
+        """Turn stop/cancel flags into actions (interrupt the source, abort nodes), join every node thread,
+        then publish the report.  Polls: flags may be set from a signal handler, which must not touch locks."""
+        interrupted = False
+        cancelled = False
+        source_node = self._nodes[0]
+        threads = [n.thread for n in self._nodes if n.thread is not None]
+        while any(t.is_alive() for t in threads):
+            self._wake.wait(POLL_S)
+            self._wake.clear()
+            if self._cancel and not cancelled:
+                cancelled = True
+                for n in self._nodes:
+                    n.abort = True
+            if self._stop and not interrupted and source_node.thread is not None \
+                    and source_node.thread.is_alive():
+                interrupted = True
+                try:
+                    self.source.interrupt()
+                except Exception:
+                    logger.exception("source '%s': interrupt() failed", source_node.name)
+        for t in threads:
+            t.join()
+        self._finished_at = time.monotonic()
+        self.report = self._build_report()
+        logger.info("%s", self.report.summary())
+        self._done.set()
+
+    def _build_report(self) -> RunReport:
+        assert self._started_at is not None and self._finished_at is not None
+        wall = self._finished_at - self._started_at
+        frames = self._last.metrics.frames_out
+        if self._error is not None:
+            reason = "error"
+        elif self._cancel:
+            reason = "signal" if self._signalled else "cancel"
+        elif self._natural_end:
+            reason = "end"
+        else:
+            reason = "signal" if self._signalled else "stop"
+        error = None
+        if self._error is not None:
+            node, exc, _ = self._error
+            error = f"{node.kind} '{node.name}': {type(exc).__name__}: {exc}"
+        return RunReport(
+            name=self.name, frames=frames, wall_s=wall, fps=frames / wall if wall > 0 else 0.0,
+            interrupted=reason in ("stop", "cancel", "signal"), cancelled=self._cancel, reason=reason,
+            metrics=self.metrics(), error=error)
+
+
+@contextlib.contextmanager
+def handle_signals(pipeline: Pipeline, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Map the first SIGINT/SIGTERM to ``pipeline.stop(drain=True)``, the second to ``cancel()``, the third to an
+    immediate :class:`Interrupted` in the main thread; restore the previous handlers on exit.
+
+    Main thread only (Python's rule for signal handlers): elsewhere raises :class:`ConfigError`.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise ConfigError("handle_signals() must be used in the main thread (Python delivers signals there); "
+                          "call pipeline.stop() from your own handler instead")
+    previous = {s: signal.getsignal(s) for s in signals}
+    count = 0
+
+    def restore() -> None:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal count
+        count += 1
+        pipeline._signalled = True
+        if count == 1:
+            pipeline.stop(drain=True)  # flags only: safe here
+        elif count == 2:
+            pipeline.cancel()
+        else:
+            restore()
+            raise Interrupted(f"pipeline '{pipeline.name}': interrupted three times; leaving without waiting for "
+                              "its threads")
+
+    for s in signals:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        restore()
+
+
+__all__ = ["END_OF_STREAM", "ControlReceipt", "Pipeline", "RunReport", "handle_signals"]

@@ -1,0 +1,197 @@
+"""The annotated-video sink: an H.264 MP4 (by default) of the frames with masks, contours and ids drawn.
+
+Written with PyAV to ``NAME.<random>.tmp`` and moved into place on :meth:`VideoSink.close`, which flushes the
+encoder, so a run stopped by an error or Ctrl-C still leaves a valid, playable MP4 of the frames written so far.
+See ``docs/outputs.md`` for timing and size rules.  Not thread-safe: one sink thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+from vostream.pipeline.errors import ConfigError, OutputError
+from vostream.pipeline.stage import Sink, SinkSpec
+from vostream.pipeline.types import Frame
+
+from .atomic import commit, discard, ensure_dir, temp_path_for
+from .overlay import OverlayStyle, draw_overlay
+
+logger = logging.getLogger(__name__)
+
+_FORMAT_FOR_EXT = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska", ".webm": "webm", ".avi": "avi"}
+DEFAULT_FPS = 25
+
+
+@dataclass(frozen=True)
+class VideoSinkSpec(SinkSpec[Frame]):
+    """Settings of an annotated video file.  Inert and picklable; :meth:`build` makes the :class:`VideoSink`.
+
+    ``fps=None`` keeps the frames' own timestamps; a number forces a constant rate.  ``crf``/``preset`` apply
+    to libx264; ``options`` are extra encoder options.
+    """
+
+    path: str | os.PathLike[str]
+    fps: float | None = None
+    codec: str = "libx264"
+    crf: int = 23
+    preset: str = "veryfast"
+    pix_fmt: str = "yuv420p"
+    alpha: float = 0.5
+    contours: bool = True
+    labels: bool = True
+    options: dict[str, str] = field(default_factory=dict)
+    name: str = "video"
+    policy: str | None = None
+    queue_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.fps is not None and not self.fps > 0:
+            raise ConfigError(f"video sink {self.path}: fps must be positive, got {self.fps}")
+        if Path(self.path).suffix.lower() not in _FORMAT_FOR_EXT:
+            raise ConfigError(f"video sink {self.path}: unknown container; use one of "
+                              f"{', '.join(sorted(_FORMAT_FOR_EXT))}")
+
+    def build(self) -> VideoSink:
+        return VideoSink(self)
+
+
+class VideoSink(Sink[Frame]):
+    """Owns the encoder and the temporary file.  ``close()`` is idempotent and always finalises."""
+
+    def __init__(self, spec: VideoSinkSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.path = Path(spec.path)
+        self.style = OverlayStyle(alpha=spec.alpha, contours=spec.contours, labels=spec.labels)
+        self._tmp: Path | None = None
+        self._container: Any = None
+        self._stream: Any = None
+        self._size: tuple[int, int] | None = None  # encoded (w, h)
+        self._time_base: Fraction | None = None
+        self._use_source_pts = spec.fps is None
+        self._last_pts: int | None = None
+        self._written = 0
+        self._closed = False
+
+    def open(self) -> None:
+        """Check the directory and the encoder, open the temporary container.  Raises :class:`OutputError`."""
+        if self._container is not None:
+            return
+        ensure_dir(self.path.parent, "video output")
+        try:
+            av.codec.Codec(self.spec.codec, "w")
+        except Exception as err:  # av raises UnknownCodecError (not an FFmpegError) for a missing encoder
+            raise OutputError(f"video sink {self.path}: encoder {self.spec.codec!r} is not available in this "
+                              f"PyAV build; try codec='mpeg4'") from err
+        self._tmp = temp_path_for(self.path)
+        fmt = _FORMAT_FOR_EXT[self.path.suffix.lower()]
+        try:
+            self._container = av.open(str(self._tmp), "w", format=fmt)
+        except (av.error.FFmpegError, OSError) as err:
+            discard(self._tmp)
+            raise OutputError(f"cannot write {str(self.path)!r}: {err}") from err
+        self._closed = False
+
+    def _add_stream(self, frame: Frame) -> None:
+        h, w = frame.height - frame.height % 2, frame.width - frame.width % 2
+        if w == 0 or h == 0:
+            raise OutputError(f"video sink {self.path}: frame {frame.index} is {frame.width}x{frame.height}, "
+                              f"too small to encode")
+        if (w, h) != (frame.width, frame.height):
+            logger.info("%s: cropping %dx%d to %dx%d (the encoder needs even sizes)",
+                        self.path, frame.width, frame.height, w, h)
+        if self._use_source_pts and (frame.pts is None or frame.time_base is None):
+            self._use_source_pts = False
+        rate = Fraction(self.spec.fps or DEFAULT_FPS).limit_denominator(1001000)
+        stream = self._container.add_stream(self.spec.codec, rate=rate)
+        stream.width, stream.height, stream.pix_fmt = w, h, self.spec.pix_fmt
+        if self._use_source_pts:
+            self._time_base = Fraction(frame.time_base)  # type: ignore[arg-type]
+        else:
+            self._time_base = 1 / rate
+        stream.time_base = self._time_base
+        stream.codec_context.time_base = self._time_base
+        options = dict(self.spec.options)
+        if self.spec.codec == "libx264":
+            options = {"crf": str(self.spec.crf), "preset": self.spec.preset, **options}
+        if options:
+            stream.options = options
+        self._stream, self._size = stream, (w, h)
+
+    def write(self, frame: Frame) -> None:
+        """Draw ``frame.result`` on a copy of the frame and encode it."""
+        if self._closed:
+            raise OutputError(f"video sink {self.path}: write after close")
+        if self._container is None:
+            self.open()
+        if self._stream is None:
+            self._add_stream(frame)
+        assert self._size is not None
+        w, h = self._size
+        if frame.width < w or frame.height < h:
+            raise OutputError(f"video sink {self.path}: frame {frame.index} is {frame.width}x{frame.height} "
+                              f"but the video is {w}x{h}; the source changed size mid-stream")
+        image = draw_overlay(frame.image, frame.result, self.style)[:h, :w]
+        av_frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+        av_frame.pts = self._next_pts(frame)
+        av_frame.time_base = self._time_base
+        try:
+            for packet in self._stream.encode(av_frame):
+                self._container.mux(packet)
+        except (av.error.FFmpegError, OSError) as err:
+            raise OutputError(f"video sink {self.path}: encoding frame {frame.index} failed: {err}") from err
+        self._written += 1
+
+    def _next_pts(self, frame: Frame) -> int:
+        if self._use_source_pts and frame.pts is not None and frame.time_base == self._time_base:
+            pts = int(frame.pts)
+        elif self._use_source_pts and frame.pts is not None and frame.time_base is not None:
+            pts = round(frame.pts * frame.time_base / self._time_base)
+        else:
+            pts = self._written
+        if self._last_pts is not None and pts <= self._last_pts:
+            pts = self._last_pts + 1
+        self._last_pts = pts
+        return pts
+
+    def close(self) -> None:
+        """Flush the encoder, close the container and move the file into place.  Idempotent.
+
+        With no frame written nothing is created.  Raises :class:`OutputError` if finalising fails (the
+        temporary file is removed).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        container, self._container = self._container, None
+        if container is None:
+            return
+        tmp = self._tmp
+        assert tmp is not None
+        try:
+            if self._stream is not None:
+                for packet in self._stream.encode(None):
+                    container.mux(packet)
+            container.close()
+        except (av.error.FFmpegError, OSError) as err:
+            discard(tmp)
+            raise OutputError(f"video sink {self.path}: finalising the video failed: {err}") from err
+        if self._written == 0:
+            discard(tmp)
+            logger.warning("%s: no frames were written; no video created", self.path)
+            return
+        commit(tmp, self.path)
+        logger.info("%s: wrote %d frames", self.path, self._written)
+
+    def stats(self) -> dict[str, Any]:
+        return {"frames": self._written}
+
+
+__all__ = ["VideoSink", "VideoSinkSpec"]

@@ -1,0 +1,206 @@
+"""Initial object masks from prompts (clicks, a box, a mask) at the working resolution, with OpenCV only.
+
+Clicks: a colour model seeded at the positive clicks is grown into a rough region (likelihood ratio against the
+surroundings, connected component holding the click, two re-estimation rounds), then refined by ``cv2.grabCut``
+on a local region of interest.  Box: ``cv2.grabCut`` in rectangle mode.  Pure functions, thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import cv2
+import numpy as np
+
+from .appearance import ColourModel
+
+logger = logging.getLogger(__name__)
+
+
+def _disc(shape: tuple[int, int], pts: np.ndarray, r: int) -> np.ndarray:
+    m = np.zeros(shape, np.uint8)
+    for x, y in pts:
+        cv2.circle(m, (int(round(x)), int(round(y))), r, 1, -1)
+    return m.astype(bool)
+
+
+def _component_at(mask: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """The union of the connected components of ``mask`` that hold (or are nearest to) the points."""
+    n, lab = cv2.connectedComponents(mask.astype(np.uint8), connectivity=8)
+    if n <= 1:
+        return np.zeros_like(mask, bool)
+    keep = set()
+    for x, y in pts:
+        xi, yi = int(round(x)), int(round(y))
+        lid = lab[yi, xi]
+        if lid == 0:  # the click fell in a hole: take the nearest component
+            ys, xs = np.nonzero(lab)
+            j = int(np.argmin((xs - xi) ** 2 + (ys - yi) ** 2))
+            lid = lab[ys[j], xs[j]]
+        keep.add(int(lid))
+    return np.isin(lab, list(keep))
+
+
+def _fill_holes(mask: np.ndarray) -> np.ndarray:
+    m = mask.astype(np.uint8)
+    cnts, _ = cv2.findContours(m, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    out = np.zeros_like(m)
+    cv2.drawContours(out, cnts, -1, 1, -1)
+    return out.astype(bool)
+
+
+def _roi(mask: np.ndarray, pad: float, min_pad: int) -> tuple[int, int, int, int]:
+    h, w = mask.shape
+    ys, xs = np.nonzero(mask)
+    x0, x1, y0, y1 = xs.min(), xs.max() + 1, ys.min(), ys.max() + 1
+    px = max(min_pad, int((x1 - x0) * pad))
+    py = max(min_pad, int((y1 - y0) * pad))
+    return max(0, x0 - px), max(0, y0 - py), min(w, x1 + px), min(h, y1 + py)
+
+
+def _grabcut(img: np.ndarray, init: np.ndarray, roi: tuple[int, int, int, int], iters: int = 3) -> np.ndarray:
+    """grabCut in mask mode on ``roi``; ``init`` holds GC_* labels for the whole image."""
+    x0, y0, x1, y1 = roi
+    sub = np.ascontiguousarray(init[y0:y1, x0:x1])
+    bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
+    try:
+        cv2.grabCut(np.ascontiguousarray(img[y0:y1, x0:x1]), sub, None, bgd, fgd, iters, cv2.GC_INIT_WITH_MASK)
+    except cv2.error as exc:  # degenerate ROI (e.g. no background sample): keep the initial labelling
+        logger.debug("grabCut failed on roi %s: %s", roi, exc)
+    out = np.zeros(init.shape, bool)
+    out[y0:y1, x0:x1] = (sub == cv2.GC_FGD) | (sub == cv2.GC_PR_FGD)
+    return out
+
+
+def _objectness(qidx: np.ndarray, mask: np.ndarray) -> float:
+    """How distinct a candidate region is from its surroundings (Bhattacharyya distance fg vs ring)."""
+    from .appearance import bhattacharyya, histogram
+
+    m = mask.astype(np.uint8)
+    size = max(4, int(np.sqrt(m.sum()) * 0.3))
+    ring = cv2.dilate(m, np.ones((3, 3), np.uint8), iterations=size).astype(bool) & ~cv2.dilate(
+        m, np.ones((3, 3), np.uint8), iterations=2).astype(bool)
+    return bhattacharyya(histogram(qidx[mask]), histogram(qidx[ring]))
+
+
+def _scale_search(img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np.ndarray) -> np.ndarray | None:
+    """grabCut in square boxes of growing size around the click; the most distinct region that the box holds."""
+    h, w = qidx.shape
+    cx, cy = pos.mean(axis=0)
+    best, best_score = None, -1.0
+    for frac in (0.05, 0.075, 0.11, 0.16, 0.23):
+        r = frac * min(h, w)
+        box = (max(0.0, cx - 1.3 * r), max(0.0, cy - r), min(w, cx + 1.3 * r), min(h, cy + r))
+        m = mask_from_box(img, box, pos, neg, fallback=False, iters=2)
+        if not m.any():
+            continue
+        m = _component_at(m, pos)
+        bx0, by0, bx1, by1 = (int(v) for v in box)
+        edge = np.concatenate([m[by0, bx0:bx1], m[by1 - 1, bx0:bx1], m[by0:by1, bx0], m[by0:by1, bx1 - 1]])
+        inner_edge = [b for b, lim in ((bx0, 0), (by0, 0)) if b > lim]
+        touch = float(edge.mean()) if len(edge) and (inner_edge or bx1 < w or by1 < h) else 0.0
+        score = _objectness(qidx, m) - 2.0 * touch
+        logger.debug("scale %.3f: area %d touch %.2f score %.3f", frac, m.sum(), touch, score)
+        if score > best_score:
+            best, best_score = m, score
+    return best
+
+
+def mask_from_points(img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np.ndarray,
+                     prior: np.ndarray | None = None) -> np.ndarray:
+    """Segment the object under the positive clicks ``pos`` ((K, 2) x, y at working resolution).
+
+    ``neg`` points are definite background.  ``prior`` (optional bool mask) is a current estimate to refine, used
+    for negative-only corrections.  Never empty: falls back to a disc around the clicks.
+    """
+    h, w = qidx.shape
+    r0 = max(3, int(round(0.022 * min(h, w))))
+    seeds = pos if len(pos) else np.zeros((0, 2), np.float32)
+    if prior is not None and prior.any():
+        rough = prior.copy()
+    else:
+        seed = _disc((h, w), seeds, r0)
+        far = ~_disc((h, w), seeds, r0 * 5)
+        rough = seed
+        for _ in range(3):
+            model = ColourModel.from_pixels(qidx[rough], qidx[far])
+            llr = cv2.GaussianBlur(model.llr(qidx), (0, 0), 1.5)
+            cand = (llr > 0.5) | seed
+            if len(neg):
+                cand &= ~_disc((h, w), neg, r0)
+            cand = cv2.morphologyEx(cand.astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8)).astype(bool)
+            cand |= seed
+            rough = _fill_holes(_component_at(cand, seeds))
+            if rough.sum() > 0.25 * h * w:  # leaked into the background: stop growing
+                rough = seed | (_disc((h, w), seeds, r0 * 4) & rough)
+                break
+            ring = cv2.dilate(rough.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=max(6, r0 * 2))
+            far = ring.astype(bool) & ~cv2.dilate(rough.astype(np.uint8), np.ones((3, 3), np.uint8),
+                                                  iterations=2).astype(bool)
+    init = np.full((h, w), cv2.GC_PR_BGD, np.uint8)
+    init[rough] = cv2.GC_PR_FGD
+    core = cv2.erode(rough.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=max(2, r0 // 2)).astype(bool)
+    init[core] = cv2.GC_FGD
+    if len(seeds):
+        init[_disc((h, w), seeds, max(2, r0 // 2))] = cv2.GC_FGD
+    if len(neg):
+        init[_disc((h, w), neg, max(2, r0 // 2))] = cv2.GC_BGD
+    x0, y0, x1, y1 = _roi(rough, 0.6, 3 * r0)
+    border = np.zeros((h, w), bool)
+    border[y0:y1, x0:x1] = True
+    border[y0 + 1:y1 - 1, x0 + 1:x1 - 1] = False
+    init[border & (init != cv2.GC_FGD)] = cv2.GC_BGD
+    out = _grabcut(img, init, (x0, y0, x1, y1))
+    if prior is None and len(seeds):
+        alt = _scale_search(img, qidx, seeds, neg)
+        if alt is not None and alt.any() and (not out.any() or _objectness(qidx, alt) > _objectness(qidx, out)):
+            out = alt
+            rough = alt
+    if len(seeds):
+        out = _component_at(out, seeds) if out.any() else out
+    out = _fill_holes(out) if out.any() else out
+    area, rough_area = out.sum(), max(1, rough.sum())
+    if not (0.3 * rough_area <= area <= 3 * rough_area):
+        logger.debug("grabCut disagreed with the colour region (%d vs %d px); keeping the colour region",
+                     area, rough_area)
+        out = rough
+    if not out.any():
+        logger.warning("segmentation of the clicked object came out empty; using a disc around the click")
+        out = _disc((h, w), seeds if len(seeds) else neg, r0)
+    return out
+
+
+def mask_from_box(img: np.ndarray, box: tuple[float, float, float, float], pos: np.ndarray,
+                  neg: np.ndarray, fallback: bool = True, iters: int = 4) -> np.ndarray:
+    """grabCut inside ``box`` (x0, y0, x1, y1 at working resolution); clicks are hard constraints."""
+    h, w = img.shape[:2]
+    bx0, by0 = max(0, int(np.floor(box[0]))), max(0, int(np.floor(box[1])))
+    bx1, by1 = min(w, int(np.ceil(box[2]))), min(h, int(np.ceil(box[3])))
+    if bx1 - bx0 < 2 or by1 - by0 < 2:
+        out = np.zeros((h, w), bool)
+        out[by0:max(by1, by0 + 1), bx0:max(bx1, bx0 + 1)] = True
+        return out
+    init = np.full((h, w), cv2.GC_BGD, np.uint8)
+    init[by0:by1, bx0:bx1] = cv2.GC_PR_FGD
+    r = max(2, int(round(0.01 * min(h, w))))
+    if len(pos):
+        init[_disc((h, w), pos, r)] = cv2.GC_FGD
+    if len(neg):
+        init[_disc((h, w), neg, r)] = cv2.GC_BGD
+    pw, ph = max(8, (bx1 - bx0) // 2), max(8, (by1 - by0) // 2)
+    roi = (max(0, bx0 - pw), max(0, by0 - ph), min(w, bx1 + pw), min(h, by1 + ph))
+    out = _grabcut(img, init, roi, iters=iters)
+    if out.any():
+        n, lab, stats, _ = cv2.connectedComponentsWithStats(out.astype(np.uint8), connectivity=8)
+        if n > 2:  # keep the largest component
+            out = lab == 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))
+        out = _fill_holes(out)
+    if fallback and out.sum() < 0.05 * (bx1 - bx0) * (by1 - by0):
+        logger.warning("grabCut found almost nothing in box %s; using the box's inscribed ellipse", box)
+        out = np.zeros((h, w), np.uint8)
+        cv2.ellipse(out, ((bx0 + bx1) / 2, (by0 + by1) / 2), ((bx1 - bx0) * 0.9, (by1 - by0) * 0.9), 0, 1, -1)
+        out = out.astype(bool)
+    return out
+
+
+__all__ = ["mask_from_box", "mask_from_points"]
