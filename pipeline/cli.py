@@ -8,15 +8,11 @@ the outputs; ``vostream demo`` makes a sample scene and tracks it.  Errors print
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
-import time
-from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import ConfigError, PromptError, VostreamError
+from .errors import PromptError, VostreamError
 
 logger = logging.getLogger("vostream")
 
@@ -151,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", "-q", action="store_const", const=True, default=None,
                    help="no progress bar or summary")
-    p.add_argument("--verbose", "-v", action="store_true", help="log more")
+    p.add_argument("--verbose", "-v", action="store_true", help="log every module's progress")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
@@ -199,8 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not args.quiet:  # the run's own status lines; library modules stay at WARNING unless --verbose
+        logging.getLogger("vostream.pipeline.run").setLevel(logging.INFO)
     try:
         return {"track": cmd_track, "demo": cmd_demo}[args.command](args)
     except VostreamError as exc:

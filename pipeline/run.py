@@ -124,13 +124,9 @@ def write_summary(path: Path, facts: dict[str, Any], report: RunReport) -> dict[
 def format_summary(summary: dict[str, Any]) -> str:
     lines = [f"{summary['frames']} frames in {summary['wall_s']:.2f} s ({summary['fps']:.1f} fps)"
              + (" — interrupted, outputs finalised" if summary["interrupted"] else "")]
-    stages = summary["metrics"].get("nodes", summary["metrics"].get("stages", []))
-    if isinstance(stages, dict):
-        stages = [dict(v, name=k) for k, v in stages.items()]
-    for node in stages:
-        lat = node.get("latency_ms", {}) or {}
-        lines.append(f"  {node.get('name', '?'):<14} p50 {lat.get('p50', 0):7.2f} ms  p95 {lat.get('p95', 0):7.2f} ms"
-                     f"  drops {node.get('drops', 0)}")
+    for node in summary["metrics"].get("nodes", []):
+        lines.append(f"  {node['name']:<22} {node['frames_out']:6d} frames  p50 {node['latency_ms_p50']:7.2f} ms  "
+                     f"p95 {node['latency_ms_p95']:7.2f} ms  drops {node['drops']}")
     lines.append(f"outputs in {summary['out']}")
     return "\n".join(lines)
 

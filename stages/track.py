@@ -68,6 +68,7 @@ class TrackStage(Stage[Frame, Frame]):
         self.rejected_prompts = 0
         self.applied_prompts = 0
         self.unapplied: list[Any] = []
+        self._objects = 0
         for p in prompts:
             self._schedule(p, injected=False)
 
@@ -118,7 +119,8 @@ class TrackStage(Stage[Frame, Frame]):
             if item.frame_index < frame.index:
                 self.late_prompts += 1
             self._apply(item, frame)
-        if self.session.object_ids:
+        self._objects = len(self.session.object_ids)
+        if self._objects:
             frame.result = self.session.step(frame)
         else:
             frame.result = TrackResult.empty(frame.index, frame.height, frame.width)
@@ -140,7 +142,7 @@ class TrackStage(Stage[Frame, Frame]):
 
     def stats(self) -> dict[str, Any]:
         return {
-            "objects": len(self.session.object_ids) if self.session is not None else 0,
+            "objects": self._objects,
             "applied_prompts": self.applied_prompts,
             "late_prompts": self.late_prompts,
             "rejected_prompts": self.rejected_prompts,
