@@ -41,6 +41,7 @@ class ClassicParams:
     fg_rate: float = 0.04             # model update rates (weight of the new frame)
     bg_rate: float = 0.2
     absent_ratio: float = 0.18        # visible area / reference area under which the object is absent
+    absent_llr: float = 0.4           # mean colour log likelihood ratio in the mask under which it is absent
     area_rate: float = 0.1            # reference-area EMA rate (only while mostly visible)
     reacquire_llr: float = 0.8        # likelihood threshold for re-acquisition candidates
     reacquire_bhatt: float = 0.5      # max Bhattacharyya distance near the predicted position
@@ -368,9 +369,11 @@ class ClassicSession(TrackerSession):
                 tr.area_ref *= scale_change.get(oid, 1.0)
                 ratio = area / max(tr.area_ref, 1.0)
                 tr.ratio = ratio
-                if ratio < p.absent_ratio:
+                mean_llr = float(tr.model.llr(qidx[mask]).mean()) if area else 0.0
+                if ratio < p.absent_ratio or mean_llr < p.absent_llr:
                     if tr.present:
-                        logger.debug("object %d lost at frame %d (area ratio %.2f)", oid, frame.index, ratio)
+                        logger.debug("object %d lost at frame %d (area ratio %.2f, mean llr %.2f)", oid, frame.index,
+                                     ratio, mean_llr)
                     tr.present, tr.score = False, 0.0
                     tr.mask = np.zeros((h, w), bool)
                     continue
