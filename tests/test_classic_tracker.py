@@ -1,0 +1,258 @@
+"""The classic tracker, driven with plain calls on small synthetic scenes (see vostream.samples.scenes)."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from vostream.pipeline.errors import BackendError, ConfigError, PromptError
+from vostream.pipeline.types import Frame, Prompt, TrackResult
+from vostream.samples.scenes import Scene, iou, render_scene
+from vostream.stages.preprocess import Preprocessor
+from vostream.stages.trackers import load_tracker
+from vostream.stages.trackers.classic import ClassicTracker
+
+W, H = 320, 180
+
+
+def click(oid: int, xy: tuple[float, float], frame: int = 0) -> Prompt:
+    return Prompt(oid, frame, np.array([xy], np.float32), np.array([1], np.int32))
+
+
+def inner_point(mask: np.ndarray) -> tuple[float, float]:
+    d = cv2.distanceTransform(np.pad(mask.astype(np.uint8), 1), cv2.DIST_L2, 5)[1:-1, 1:-1]
+    y, x = np.unravel_index(int(np.argmax(d)), d.shape)
+    return float(x), float(y)
+
+
+class Runner:
+    """Drives a session over a scene's frames, upsampling logits to source size like postprocess does."""
+
+    def __init__(self, scene: Scene, tracker: ClassicTracker | None = None) -> None:
+        self.scene = scene
+        self.tracker = tracker or ClassicTracker()
+        self.pre = Preprocessor(self.tracker.input_spec(scene.width, scene.height))
+        self.session = self.tracker.new_session()
+
+    def step(self, t: int) -> tuple[TrackResult, np.ndarray]:
+        fr = Frame(t, self.scene.frames[t])
+        fr.tensor = self.pre(fr.image)
+        res = self.session.step(fr)
+        assert res.logits is not None and res.logits.dtype == np.float32
+        masks = np.stack([cv2.resize(lg, (W, H), interpolation=cv2.INTER_LINEAR) > 0 for lg in res.logits]) \
+            if len(res) else np.zeros((0, H, W), bool)
+        return res, masks
+
+
+def mean_iou(ious: list[float]) -> float:
+    return float(np.mean(ious))
+
+
+@pytest.fixture(scope="module")
+def translate() -> Scene:
+    return render_scene("translate", W, H, frames=40)
+
+
+def test_load_and_input_spec() -> None:
+    tr = load_tracker("classic", work_size="200x120")
+    assert isinstance(tr, ClassicTracker)
+    spec = tr.input_spec(854, 480)
+    assert (spec.resize, spec.dtype, spec.layout) == ("fit", "uint8", "HWC")
+    assert spec.output_size(854, 480) == (200, 112)
+    with pytest.raises(ConfigError):
+        ClassicTracker(work_size=(8, 8))
+    with pytest.raises(ConfigError):
+        ClassicTracker(flow_preset="warp")
+
+
+def test_single_click_tracks_translating_object(translate: Scene) -> None:
+    run = Runner(translate)
+    run.session.add_prompt(click(1, translate.click(1)))
+    ious = []
+    for t in range(len(translate)):
+        res, masks = run.step(t)
+        assert list(res.obj_ids) == [1] and res.present[0]
+        assert 0 < res.scores[0] <= 1
+        assert res.logits.shape[1:] == (H, W)  # 320x180 fits the default work size unchanged
+        if t:
+            ious.append(iou(masks[0], translate.labels[t] == 1))
+    assert mean_iou(ious) >= 0.8
+    # boxes are in source pixels and hold the ground-truth box
+    ys, xs = np.nonzero(translate.labels[-1] == 1)
+    x0, y0, x1, y1 = res.boxes[0]
+    assert abs(x0 - xs.min()) < 6 and abs(y1 - ys.max() - 1) < 6
+
+
+def test_work_size_smaller_than_source(translate: Scene) -> None:
+    run = Runner(translate, ClassicTracker(work_size=(160, 90)))
+    run.session.add_prompt(click(1, translate.click(1)))
+    ious = []
+    for t in range(0, 20):
+        res, masks = run.step(t)
+        assert res.logits.shape[1:] == (90, 160)
+        if t:
+            ious.append(iou(masks[0], translate.labels[t] == 1))
+    assert mean_iou(ious) >= 0.75
+
+
+@pytest.mark.parametrize("kind", ["box", "mask"])
+def test_box_and_mask_prompts(translate: Scene, kind: str) -> None:
+    gt0 = translate.labels[0] == 1
+    if kind == "box":
+        ys, xs = np.nonzero(gt0)
+        prompt = Prompt(1, 0, box=(xs.min(), ys.min(), xs.max() + 1, ys.max() + 1))
+    else:
+        prompt = Prompt(1, 0, mask=gt0)
+    run = Runner(translate)
+    run.session.add_prompt(prompt)
+    ious = []
+    for t in range(20):
+        _, masks = run.step(t)
+        ious.append(iou(masks[0], translate.labels[t] == 1))
+    assert ious[0] >= (0.85 if kind == "box" else 0.95)
+    assert mean_iou(ious[1:]) >= 0.8
+
+
+def test_two_objects_stay_separate_while_crossing() -> None:
+    sc = render_scene("crossing", W, H, frames=60)
+    run = Runner(sc)
+    for oid in sc.obj_ids:
+        run.session.add_prompt(click(oid, sc.click(oid)))
+    ious: dict[int, list[float]] = {1: [], 2: []}
+    for t in range(len(sc)):
+        res, _ = run.step(t)
+        fg = res.logits > 0
+        assert not np.any(fg[0] & fg[1]), f"masks overlap at frame {t}"
+        _, masks = res, np.stack([cv2.resize(lg, (W, H)) > 0 for lg in res.logits])
+        if t:
+            for k, oid in enumerate(res.obj_ids):
+                ious[int(oid)].append(iou(masks[k], sc.labels[t] == oid))
+    assert mean_iou(ious[1]) >= 0.75 and mean_iou(ious[2]) >= 0.7
+
+
+def test_full_occlusion_absent_then_reacquired() -> None:
+    sc = render_scene("full_occlusion", W, H, frames=80)  # hidden, back, then out of the frame to the right
+    run = Runner(sc)
+    run.session.add_prompt(click(1, sc.click(1)))
+    present, ious = [], []
+    for t in range(len(sc)):
+        res, masks = run.step(t)
+        present.append(bool(res.present[0]))
+        if not res.present[0]:
+            assert not np.any(res.logits[0] > 0), "an absent object has an empty mask"
+        ious.append(iou(masks[0], sc.labels[t] == 1))
+    area = (sc.labels > 0).reshape(len(sc), -1).sum(1)
+    hidden = np.flatnonzero(area == 0)
+    first_hidden = hidden[hidden < 40]
+    assert len(first_hidden) >= 3
+    assert not any(present[t] for t in first_hidden), "absent while fully hidden"
+    back = [t for t in range(first_hidden.max() + 1, 50) if area[t] > 0.9 * area[0]]
+    assert back, "the scene must show the object again"
+    assert any(present[t] for t in back), "re-acquired after the occlusion"
+    assert max(ious[t] for t in back) >= 0.7
+
+
+def test_correction_on_a_later_frame_replaces_the_mask(translate: Scene) -> None:
+    run = Runner(translate)
+    run.session.add_prompt(click(1, (20.0, 170.0)))  # a wrong first click: background, bottom-left corner
+    for t in range(10):
+        _, masks = run.step(t)
+    assert iou(masks[0], translate.labels[9] == 1) < 0.2
+    run.session.add_prompt(click(1, inner_point(translate.labels[10] == 1), frame=10))
+    res, masks = run.step(10)
+    assert list(res.obj_ids) == [1]
+    assert iou(masks[0], translate.labels[10] == 1) >= 0.8
+    ious = [iou(run.step(t)[1][0], translate.labels[t] == 1) for t in range(11, 25)]
+    assert mean_iou(ious) >= 0.8
+
+
+def test_negative_click_correction_shrinks_the_mask(translate: Scene) -> None:
+    run = Runner(translate)
+    gt0 = translate.labels[0] == 1
+    big = cv2.dilate(gt0.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=12).astype(bool)
+    run.session.add_prompt(Prompt(1, 0, mask=big))
+    _, masks = run.step(0)
+    before = masks[0].sum()
+    ys, xs = np.nonzero(big & ~cv2.dilate(gt0.astype(np.uint8), np.ones((3, 3), np.uint8), 4).astype(bool))
+    negs = np.stack([xs[:: max(1, len(xs) // 6)], ys[:: max(1, len(xs) // 6)]], 1).astype(np.float32)
+    run.session.add_prompt(Prompt(1, 1, negs, np.zeros(len(negs), np.int32)))
+    _, masks = run.step(1)
+    assert masks[0].sum() < before
+    assert iou(masks[0], translate.labels[1] == 1) > iou(big, translate.labels[1] == 1)
+
+
+def test_new_object_mid_stream_and_remove() -> None:
+    sc = render_scene("crossing", W, H, frames=60)
+    run = Runner(sc)
+    run.session.add_prompt(click(1, sc.click(1)))
+    for t in range(8):
+        res, _ = run.step(t)
+        assert list(res.obj_ids) == [1]
+    run.session.add_prompt(click(2, inner_point(sc.labels[8] == 2), frame=8))
+    assert run.session.object_ids == [1, 2]
+    ious = []
+    for t in range(8, 20):
+        res, masks = run.step(t)
+        assert list(res.obj_ids) == [1, 2]
+        ious.append(iou(masks[1], sc.labels[t] == 2))
+    assert mean_iou(ious) >= 0.75
+    run.session.remove_object(1)
+    assert run.session.object_ids == [2]
+    res, _ = run.step(20)
+    assert list(res.obj_ids) == [2]
+    with pytest.raises(PromptError, match="object 1"):
+        run.session.remove_object(1)
+
+
+def test_reset_forgets_everything(translate: Scene) -> None:
+    run = Runner(translate)
+    run.session.add_prompt(click(1, translate.click(1)))
+    run.step(0)
+    run.session.reset()
+    assert run.session.object_ids == []
+    res, _ = run.step(1)
+    assert len(res) == 0 and res.logits.shape == (0, H, W)
+    run.session.add_prompt(click(3, inner_point(translate.labels[2] == 1), frame=2))
+    res, masks = run.step(2)
+    assert list(res.obj_ids) == [3] and iou(masks[0], translate.labels[2] == 1) >= 0.8
+
+
+def test_bad_prompts_raise_prompt_error(translate: Scene) -> None:
+    run = Runner(translate)
+    # before the first frame the size is unknown: the bad point is caught at step, before any state changes
+    run.session.add_prompt(click(1, (W + 5.0, 10.0)))
+    with pytest.raises(PromptError, match=r"outside the 320x180 frame"):
+        run.step(0)
+    run.session.remove_object(1)
+    run.session.add_prompt(click(1, translate.click(1)))
+    run.step(0)
+    with pytest.raises(PromptError, match=r"\(-1, 5\) is outside the 320x180"):
+        run.session.add_prompt(click(1, (-1.0, 5.0)))
+    with pytest.raises(PromptError, match="only negative points"):
+        run.session.add_prompt(Prompt(7, 1, np.array([[5, 5]], np.float32), np.array([0], np.int32)))
+    with pytest.raises(PromptError, match="mask prompt is 10x10"):
+        run.session.add_prompt(Prompt(2, 1, mask=np.ones((10, 10), bool)))
+    with pytest.raises(PromptError, match="box"):
+        run.session.add_prompt(Prompt(2, 1, box=(0, 0, W + 10, 20)))
+    with pytest.raises(PromptError, match="not tracked"):
+        run.session.remove_object(99)
+    assert run.session.object_ids == [1]  # nothing changed
+
+
+def test_step_without_tensor_is_a_backend_error() -> None:
+    session = ClassicTracker().new_session()
+    with pytest.raises(BackendError, match="preprocess"):
+        session.step(Frame(0, np.zeros((48, 64, 3), np.uint8)))
+
+
+def test_skipped_frame_indices_still_track(translate: Scene) -> None:
+    run = Runner(translate)
+    run.session.add_prompt(click(1, translate.click(1)))
+    ious = []
+    for t in range(0, len(translate), 3):  # a live feed that drops two frames out of three
+        res, masks = run.step(t)
+        assert res.frame_index == t and res.present[0]
+        if t:
+            ious.append(iou(masks[0], translate.labels[t] == 1))
+    assert mean_iou(ious) >= 0.75
