@@ -25,8 +25,15 @@ class FlowEstimator:
     def __init__(self, preset: str = "ultrafast") -> None:
         self._dis = cv2.DISOpticalFlow_create(PRESETS[preset])
 
-    def __call__(self, prev: np.ndarray, cur: np.ndarray) -> np.ndarray:
-        return self._dis.calc(prev, cur, None)
+    def __call__(self, prev: np.ndarray, cur: np.ndarray, init: tuple[float, float] | None = None) -> np.ndarray:
+        """Flow ``prev -> cur``; ``init`` (dx, dy), an expected displacement, seeds the search (large jumps)."""
+        if init is None or not np.any(np.isfinite(init)) or np.hypot(*init) < 1.0:
+            self._dis.setUseInitialFlow(False)
+            return self._dis.calc(prev, cur, None)
+        flow = np.empty(prev.shape + (2,), np.float32)
+        flow[...] = np.asarray(init, np.float32)
+        self._dis.setUseInitialFlow(True)
+        return self._dis.calc(prev, cur, flow)
 
 
 def similarity_from_flow(flow: np.ndarray, mask: np.ndarray, max_samples: int = 400,

@@ -97,6 +97,7 @@ class ClassicSession(TrackerSession):
         self._tracks: dict[int, _Track] = {}
         self._pending: dict[int, Prompt] = {}
         self._prev_gray: np.ndarray | None = None
+        self._prev_index = 0
         self._src_size: tuple[int, int] | None = None   # (W, H) of the source frames
         self._work_size: tuple[int, int] | None = None  # (w, h) of the tensors
 
@@ -159,8 +160,14 @@ class ClassicSession(TrackerSession):
         refresh = {oid for oid, p in pending.items() if p.box is not None or p.mask is not None
                    or np.any(p.labels == 1)}
         need_flow = any(t.present and oid not in refresh for oid, t in self._tracks.items())
-        flow = self._flow(self._prev_gray, gray) if need_flow and self._prev_gray is not None \
-            and self._prev_gray.shape == gray.shape else None
+        flow = None
+        if need_flow and self._prev_gray is not None and self._prev_gray.shape == gray.shape:
+            # skipped frames: seed the flow with the objects' expected displacement since the last frame
+            moving = [t.velocity * max(1, frame.index - self._prev_index) for oid, t in self._tracks.items()
+                      if t.present and oid not in refresh]
+            init = tuple(np.mean(moving, axis=0)) if frame.index - self._prev_index > 1 and moving else None
+            flow = self._flow(self._prev_gray, gray, init)
+        self._prev_index = frame.index
         self._prev_gray = gray
 
         logits: dict[int, np.ndarray] = {}
