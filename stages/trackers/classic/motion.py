@@ -26,14 +26,21 @@ class FlowEstimator:
         self._dis = cv2.DISOpticalFlow_create(PRESETS[preset])
 
     def __call__(self, prev: np.ndarray, cur: np.ndarray, init: tuple[float, float] | None = None) -> np.ndarray:
-        """Flow ``prev -> cur``; ``init`` (dx, dy), an expected displacement, seeds the search (large jumps)."""
-        if init is None or not np.any(np.isfinite(init)) or np.hypot(*init) < 1.0:
-            self._dis.setUseInitialFlow(False)
+        """Flow ``prev -> cur``.  ``init`` (dx, dy), an expected displacement (frames were skipped), pre-shifts
+        ``prev`` so DIS only has to find the residual motion; the result is mapped back to ``prev``'s pixels."""
+        if init is None or not np.all(np.isfinite(init)) or np.hypot(*init) < 2.0:
             return self._dis.calc(prev, cur, None)
-        flow = np.empty(prev.shape + (2,), np.float32)
-        flow[...] = np.asarray(init, np.float32)
-        self._dis.setUseInitialFlow(True)
-        return self._dis.calc(prev, cur, flow)
+        dx, dy = float(init[0]), float(init[1])
+        h, w = prev.shape[:2]
+        shifted = cv2.warpAffine(prev, np.array([[1, 0, dx], [0, 1, dy]], np.float32), (w, h),
+                                 borderMode=cv2.BORDER_REPLICATE)
+        residual = self._dis.calc(shifted, cur, None)
+        # residual is indexed by (p + init); bring it back to p and add the shift
+        flow = cv2.warpAffine(residual, np.array([[1, 0, -dx], [0, 1, -dy]], np.float32), (w, h),
+                              borderMode=cv2.BORDER_REPLICATE)
+        flow[..., 0] += dx
+        flow[..., 1] += dy
+        return flow
 
 
 def similarity_from_flow(flow: np.ndarray, mask: np.ndarray, max_samples: int = 400,
