@@ -123,9 +123,44 @@ def sleep_stages(args: argparse.Namespace) -> list[Stage[Any, Any]]:
     return stages
 
 
+def _scene_video(args: argparse.Namespace) -> str:
+    """The benchmark's scene as an H.264 MP4 (rendered once, kept in --media-dir)."""
+    from pathlib import Path
+
+    from vostream.samples.scenes import render_scene, write_scene
+
+    path = Path(args.media_dir) / f"{args.scene}-{args.frames}.mp4"
+    if not path.exists():
+        write_scene(render_scene(args.scene, 854, 480, frames=max(args.frames, args.warmup, args.alone_frames)),
+                    path)
+    return str(path)
+
+
+def track_source(args: argparse.Namespace, n: int) -> Source[Any]:
+    from vostream.stages.decode import VideoFileSource
+
+    return VideoFileSource(_scene_video(args), max_frames=n)
+
+
+def track_stages(args: argparse.Namespace) -> list[Stage[Any, Any]]:
+    """The real stages of ``vostream track``: preprocess, the classic tracker (one object), postprocess."""
+    from vostream.pipeline.types import Prompt
+    from vostream.samples.scenes import render_scene
+    from vostream.stages.postprocess import PostprocessStage
+    from vostream.stages.preprocess import PreprocessStage
+    from vostream.stages.track import TrackStage
+    from vostream.stages.trackers import load_tracker
+
+    scene = render_scene(args.scene, 854, 480, frames=max(args.frames, args.warmup, args.alone_frames))
+    tracker = load_tracker("classic")
+    prompt = Prompt(1, 0, [scene.click(1)], [1])
+    return [PreprocessStage(tracker.input_spec), TrackStage(tracker, [prompt]), PostprocessStage()]
+
+
 WORKLOADS: dict[str, tuple[SourceFactory, StagesFactory]] = {
     "synthetic": (synthetic_source, synthetic_stages),
     "sleep": (synthetic_source, sleep_stages),
+    "track": (track_source, track_stages),
 }
 
 
@@ -188,10 +223,15 @@ def measure_alone(make_source: SourceFactory, make_stages: StagesFactory, args: 
     for obj in (source, *stages):
         obj.open()
     try:
-        inputs = []
-        while (item := source.read()) is not None:
+        inputs, read_times = [], []
+        while True:
+            t = time.perf_counter()
+            item = source.read()
+            read_times.append(time.perf_counter() - t)
+            if item is None:
+                break
             inputs.append(item)
-        costs: dict[str, float] = {}
+        costs: dict[str, float] = {"source": float(np.median(read_times[:-1] or read_times))}
         for stage in stages:
             times, outputs = [], []
             for item in inputs:
@@ -236,8 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sleep-ms", type=float, default=10.0)
     ap.add_argument("--cv-threads", type=int, default=1,
                     help="cv2.setNumThreads (default 1: each stage uses one core, overlap comes from the pipeline)")
+    ap.add_argument("--scene", default="translate", help="track workload: which synthetic scene")
+    ap.add_argument("--media-dir", default="/tmp", help="track workload: where the scene video is kept")
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args(argv)
+    if args.workload == "track" and "--cv-threads" not in (argv or sys.argv[1:]):
+        args.cv_threads = 2  # the real stages use OpenCV's threads as vostream does by default
     logging.basicConfig(level=logging.WARNING)
     cv2.setNumThreads(args.cv_threads)
     make_source, make_stages = WORKLOADS[args.workload]

@@ -66,6 +66,7 @@ class _Track:
     score: float = 1.0
     size: float = 1.0                 # sqrt of area_ref
     ratio: float = 1.0                # last visible area / area_ref
+    prompted_at: int = 0              # frame index of the last prompt (contested pixels go to the newest)
 
 
 def _signed_distance(mask: np.ndarray) -> np.ndarray:
@@ -201,7 +202,7 @@ class ClassicSession(TrackerSession):
             self._init_track(oid, mask, qidx, frame.index, keep_area=oid in self._tracks and oid not in refresh)
             prompted.add(oid)
 
-        self._exclusive(logits, prompted)
+        self._exclusive(logits, {oid: self._tracks[oid].prompted_at for oid in logits})
         return self._finish(frame, logits, qidx, scale_change, prompted)
 
     # ---------------------------------------------------------------------------------------------- internals
@@ -212,7 +213,8 @@ class ClassicSession(TrackerSession):
         ys, xs = np.nonzero(mask)
         c = np.array([xs.mean(), ys.mean()], np.float32)
         old = self._tracks.get(oid)
-        tr = _Track(oid, mask.copy(), mask.copy(), model, area, c, last_seen=index, size=float(np.sqrt(area)))
+        tr = _Track(oid, mask.copy(), mask.copy(), model, area, c, last_seen=index, size=float(np.sqrt(area)),
+                    prompted_at=index)
         if old is not None and keep_area:
             tr.area_ref = max(area, old.area_ref)
         self._tracks[oid] = tr
@@ -340,12 +342,16 @@ class ClassicSession(TrackerSession):
         return np.where(keep, np.maximum(fused, 0.05), np.minimum(fused, -0.05)).astype(np.float32)
 
     @staticmethod
-    def _exclusive(logits: dict[int, np.ndarray], prompted: set[int]) -> None:
-        """Make masks exclusive: a pixel claimed by several objects goes to the largest logit (prompts win)."""
+    def _exclusive(logits: dict[int, np.ndarray], prompted_at: dict[int, int]) -> None:
+        """Make masks exclusive.  A pixel claimed by several objects goes to the most recently prompted one (the
+        user's latest intent: a new click on an already tracked object takes it over), and between objects
+        prompted on the same frame to the largest logit."""
         if len(logits) < 2:
             return
         ids = list(logits)
-        stack = np.stack([logits[i] + (100.0 if i in prompted else 0.0) for i in ids])
+        order = {v: r for r, v in enumerate(sorted(set(prompted_at.values())))}
+        stack = np.stack([np.where(logits[i] > 0, logits[i] + 100.0 * order[prompted_at[i]], logits[i])
+                          for i in ids])
         best = stack.argmax(0)
         for k, oid in enumerate(ids):
             lg = logits[oid]
