@@ -24,7 +24,6 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-
 from vostream.pipeline.types import Frame, Prompt
 from vostream.samples.scenes import SCENES, encoded_frames, render_scene, score_sequence
 from vostream.stages.preprocess import Preprocessor

@@ -23,13 +23,12 @@ import argparse
 import functools
 import logging
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import cv2
 import numpy as np
-
 from vostream.pipeline.errors import ConfigError, OutputError, SourceError
 
 logger = logging.getLogger(__name__)

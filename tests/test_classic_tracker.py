@@ -5,7 +5,6 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
-
 from vostream.pipeline.errors import BackendError, ConfigError, PromptError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 from vostream.samples.scenes import Scene, iou, render_scene
@@ -88,7 +87,7 @@ def test_work_size_smaller_than_source(translate: Scene) -> None:
     run = Runner(translate, ClassicTracker(work_size=(160, 90)))
     run.session.add_prompt(click(1, translate.click(1)))
     ious = []
-    for t in range(0, 20):
+    for t in range(20):
         res, masks = run.step(t)
         assert res.logits.shape[1:] == (90, 160)
         if t:

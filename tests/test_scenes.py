@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from vostream.pipeline.errors import ConfigError
 from vostream.samples import scenes as S
 

@@ -74,4 +74,4 @@ def similarity_from_flow(flow: np.ndarray, mask: np.ndarray, max_samples: int = 
     return m.astype(np.float32)
 
 
-__all__ = ["FlowEstimator", "PRESETS", "similarity_from_flow"]
+__all__ = ["PRESETS", "FlowEstimator", "similarity_from_flow"]

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
-
 from vostream.pipeline.errors import BackendError, PromptError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 
