@@ -258,3 +258,19 @@ def test_skipped_frame_indices_still_track() -> None:
         t += (1, 2, 3)[k % 3]
         k += 1
     assert len(ious) >= 40 and mean_iou(ious) >= 0.8
+
+
+@pytest.mark.parametrize("size", [(426, 240), (428, 240), (640, 360)])
+def test_first_click_segments_the_whole_object_not_a_texture_patch(size: tuple[int, int]) -> None:
+    """Regression: at 426x240 the scale search once picked a 70-pixel texture spot inside the object."""
+    w, h = size
+    scene = render_scene("translate", w, h, frames=2)
+    tracker = ClassicTracker()
+    pre = Preprocessor(tracker.input_spec(w, h))
+    session = tracker.new_session()
+    session.add_prompt(click(1, scene.click(1)))
+    fr = Frame(0, scene.frames[0])
+    fr.tensor = pre(fr.image)
+    res = session.step(fr)
+    mask = cv2.resize(res.logits[0], (w, h), interpolation=cv2.INTER_LINEAR) > 0
+    assert iou(mask, scene.labels[0] == 1) >= 0.85

@@ -87,7 +87,7 @@ def _scale_search(img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np.nd
     """grabCut in square boxes of growing size around the click; the most distinct region that the box holds."""
     h, w = qidx.shape
     cx, cy = pos.mean(axis=0)
-    best, best_score = None, -1.0
+    scored: list[tuple[float, np.ndarray]] = []
     for frac in (0.05, 0.075, 0.11, 0.16, 0.23):
         r = frac * min(h, w)
         box = (max(0.0, cx - 1.3 * r), max(0.0, cy - r), min(w, cx + 1.3 * r), min(h, cy + r))
@@ -101,8 +101,16 @@ def _scale_search(img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np.nd
         touch = float(edge.mean()) if len(edge) and (inner_edge or bx1 < w or by1 < h) else 0.0
         score = _objectness(qidx, m) - 2.0 * touch
         logger.debug("scale %.3f: area %d touch %.2f score %.3f", frac, m.sum(), touch, score)
-        if score > best_score:
-            best, best_score = m, score
+        scored.append((score, m))
+    if not scored:
+        return None
+    best_score, best = max(scored, key=lambda sm: sm[0])
+    # A texture patch inside the object can look as distinct as the whole object: when a region at least four
+    # times larger scores nearly as well, the best-scoring such region wins instead.
+    larger = [(sc, m) for sc, m in scored
+              if sc >= best_score - 0.1 * abs(best_score) and m.sum() >= 4 * best.sum()]
+    if larger:
+        best = max(larger, key=lambda sm: sm[0])[1]
     return best
 
 
