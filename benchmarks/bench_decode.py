@@ -102,11 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="where to keep the generated clips")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--opencv-threads", type=int, default=None,
+                        help="OpenCV threads (default: what `vostream track` uses on this machine)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if shutil.which("ffmpeg") is None:
         logger.error("bench_decode needs the ffmpeg command-line tool on PATH")
         return 2
+    import cv2
+
+    from vostream.pipeline.run import opencv_threads
+
+    cv2.setNumThreads(opencv_threads(args.opencv_threads))
     work = args.dir or Path(tempfile.mkdtemp(prefix="vostream-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     clips = [make_clip(work / f"testsrc-854x480-{args.frames}.mp4", 854, 480, args.frames)]

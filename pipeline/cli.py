@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-frames", type=int, metavar="N", help="stop after N frames")
     g.add_argument("--fill-holes", action="store_const", const=True, default=None, help="fill holes in masks")
     g.add_argument("--min-area", type=int, metavar="PX", help="remove mask specks (and holes) under PX pixels")
+    g.add_argument("--opencv-threads", type=int, metavar="N",
+                   help="OpenCV threads per stage (default: 1 on machines with up to 4 cores, else half the cores)")
     _add_common(t)
 
     d = sub.add_parser("demo", help="make a sample scene (if absent) and track it, writing every output",
@@ -169,6 +171,7 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
         "source": args.source, "out": args.out, "save": args.save, "backend": args.backend, "model": args.model,
         "queue_size": args.queue_size, "policy": args.policy, "max_frames": args.max_frames,
         "fill_holes": args.fill_holes, "min_area": args.min_area, "quiet": args.quiet,
+        "opencv_threads": args.opencv_threads,
         "prompts": prompts, "prompts_file": args.prompts_file,
     }
     return merge_settings(config, cli)

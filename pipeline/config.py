@@ -55,6 +55,7 @@ class TrackSettings:
     max_frames: int | None = None
     tracker: dict[str, Any] = field(default_factory=dict)
     quiet: bool = False
+    opencv_threads: int | None = None  # None: 1 on machines with <= 4 cores, else half the cores
 
 
 _SIMPLE_KEYS = {f.name for f in fields(TrackSettings)} - {"prompts", "prompts_file"}
@@ -104,6 +105,9 @@ def _check_type(key: str, value: Any, where: str) -> Any:
         want(isinstance(value, str) and value != "", "a non-empty string")
     elif key in ("queue_size",):
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 1, "an integer >= 1")
+    elif key == "opencv_threads":
+        want(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+             "an integer >= 1")
     elif key in ("min_area",):
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an integer >= 0")
     elif key == "max_frames":

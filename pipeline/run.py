@@ -46,6 +46,16 @@ def collect_prompts(settings: TrackSettings) -> list[Any]:
     return prompts
 
 
+def opencv_threads(requested: int | None) -> int:
+    """OpenCV's thread count for a run.  The pipeline already runs its stages in parallel threads, and OpenCV's
+    own pool competing with them (and with the decoder's threads) was slower on 2 cores: pipelined tracking at
+    854x480 ran at ~75 fps with 1 OpenCV thread against ~48-65 fps with 2 (benchmarks/bench_pipeline.py)."""
+    if requested is not None:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 1 if cores <= 4 else cores // 2
+
+
 def build_track_pipeline(settings: TrackSettings) -> tuple[Pipeline, dict[str, Any]]:
     """The pipeline for ``settings`` plus a dict of facts for the summary.  Validates everything that can be
     validated before a frame is decoded: the source opens, prompts fit the frame, the output is writable."""
@@ -58,7 +68,10 @@ def build_track_pipeline(settings: TrackSettings) -> tuple[Pipeline, dict[str, A
 
     from .prompts import check_prompt_sequence
 
+    import cv2
+
     assert settings.source is not None and settings.out is not None
+    cv2.setNumThreads(opencv_threads(settings.opencv_threads))
     info = probe(settings.source)
     prompts = collect_prompts(settings)
     check_prompt_sequence(prompts, info.width, info.height, settings.source)
