@@ -63,9 +63,7 @@ def load_mask_png(path: str | Path) -> np.ndarray:
         raise PromptError(f"mask prompt {str(p)!r}: no such file") from None
     except (UnidentifiedImageError, OSError) as exc:
         raise PromptError(f"mask prompt {str(p)!r}: not a readable image ({exc})") from exc
-    if arr.ndim == 3:
-        arr = arr.any(axis=2)
-    mask = arr != 0
+    mask: np.ndarray = np.asarray(arr.any(axis=2) if arr.ndim == 3 else arr != 0, dtype=bool)
     if not mask.any():
         raise PromptError(f"mask prompt {str(p)!r} is empty (no non-zero pixels)")
     return mask

@@ -61,9 +61,9 @@ class Prompt:
 
     obj_id: int
     frame_index: int = 0
-    points: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.float32))
-    labels: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.int32))
-    box: tuple[float, float, float, float] | None = None
+    points: Any = field(default_factory=lambda: np.zeros((0, 2), np.float32))  # array-like in, ndarray after init
+    labels: Any = field(default_factory=lambda: np.zeros((0,), np.int32))
+    box: Any = None  # (x0, y0, x1, y1) or any 4-sequence in, tuple of floats after init
     mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
@@ -142,7 +142,7 @@ class Prompt:
         if mask is not None and size is not None:
             mask = cv2.resize(mask.astype(np.uint8), size, interpolation=cv2.INTER_NEAREST).astype(bool)
             if not mask.any():  # a tiny mask can vanish when shrunk: keep its centre pixel
-                ys, xs = np.nonzero(self.mask)
+                ys, xs = np.nonzero(np.asarray(self.mask))
                 mask[min(int(ys.mean() * sy), size[1] - 1), min(int(xs.mean() * sx), size[0] - 1)] = True
         return Prompt(self.obj_id, self.frame_index, pts, self.labels, box, mask)
 

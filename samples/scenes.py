@@ -203,7 +203,7 @@ class _Ctx:
         img = canvas * gain if not (isinstance(gain, float) and gain == 1.0) else canvas
         img = cv2.GaussianBlur(img, (0, 0), self.blur_sigma)
         noise = np.empty_like(img)
-        cv2.randn(noise, 0.0, self.noise_sigma)  # seeded per frame below for determinism
+        cv2.randn(noise, 0.0, self.noise_sigma)  # type: ignore[call-overload]  # seeded per frame below for determinism
         img = img + noise
         self.frames[i] = np.clip(img + 0.5, 0, 255).astype(np.uint8)
         self.labels[i] = labels

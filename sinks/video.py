@@ -152,7 +152,8 @@ class VideoSink(Sink[Frame]):
     def _next_pts(self, frame: Frame) -> int:
         if self._use_source_pts and frame.pts is not None and frame.time_base == self._time_base:
             pts = int(frame.pts)
-        elif self._use_source_pts and frame.pts is not None and frame.time_base is not None:
+        elif self._use_source_pts and frame.pts is not None and frame.time_base is not None \
+                and self._time_base is not None:
             pts = round(frame.pts * frame.time_base / self._time_base)
         else:
             pts = self._written

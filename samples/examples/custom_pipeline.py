@@ -25,6 +25,7 @@ class PrintSink(Sink[Frame]):
 
     def write(self, frame: Frame) -> None:
         result = frame.result
+        assert result is not None and result.masks is not None  # postprocess ran
         rows = [f"obj {oid}: area {int(m.sum())} box {box.astype(int).tolist()}"
                 for oid, m, box, present in zip(result.obj_ids, result.masks, result.boxes, result.present) if present]
         print(f"frame {frame.index:4d}  " + ("; ".join(rows) or "no object visible"))
