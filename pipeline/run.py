@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -96,31 +97,52 @@ def build_track_pipeline(settings: TrackSettings) -> tuple[Pipeline, dict[str, A
     return pipe, facts
 
 
-def _run_with_progress(pipe: Pipeline, total: int | None, quiet: bool) -> RunReport:
-    bar = None
-    if not quiet and sys.stderr.isatty():
-        from tqdm import tqdm
+#: Signals that stop a run cleanly (outputs finalised): Ctrl-C, ``kill``, and the terminal going away.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
-        bar = tqdm(total=total, unit="frame", desc="tracking", dynamic_ncols=True, leave=False)
-    with handle_signals(pipe):
+
+class _Progress:
+    """A tqdm bar on a TTY, else a log line every 10 s.  Terminal errors (the terminal closed under us: SIGHUP,
+    EIO) switch it off instead of failing the run."""
+
+    def __init__(self, total: int | None, quiet: bool) -> None:
+        self.total, self.quiet, self.bar = total, quiet, None
+        self._last_log = time.monotonic()
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="frame", desc="tracking", dynamic_ncols=True, leave=False)
+
+    def update(self, done: int) -> None:
+        try:
+            if self.bar is not None:
+                self.bar.update(done - self.bar.n)
+            elif not self.quiet and time.monotonic() - self._last_log >= 10.0:
+                self._last_log = time.monotonic()
+                logger.info("%d/%s frames", done, self.total if self.total else "?")
+        except OSError:
+            self.bar, self.quiet = None, True
+
+    def close(self, done: int) -> None:
+        self.update(done)
+        try:
+            if self.bar is not None:
+                self.bar.close()
+        except OSError:
+            pass
+
+
+def _run_with_progress(pipe: Pipeline, total: int | None, quiet: bool) -> RunReport:
+    progress = _Progress(total, quiet)
+    with handle_signals(pipe, STOP_SIGNALS):
         pipe.start()
-        last_log = time.monotonic()
         while True:
             try:
                 report = pipe.wait(timeout=0.25)
                 break
             except TimeoutError:
-                pass
-            done = pipe.metrics().frames
-            if bar is not None:
-                bar.update(done - bar.n)
-            elif not quiet and time.monotonic() - last_log >= 10.0:
-                last_log = time.monotonic()
-                logger.info("%d/%s frames", done, total if total else "?")
-            continue
-        if bar is not None:
-            bar.update(report.frames - bar.n)
-            bar.close()
+                progress.update(pipe.metrics().frames)
+        progress.close(report.frames)
     return report
 
 
@@ -149,7 +171,10 @@ def run_track(settings: TrackSettings) -> RunReport:
     report = _run_with_progress(pipe, facts["frames_expected"] or settings.max_frames, settings.quiet)
     summary = write_summary(Path(facts["out"]) / "summary.json", facts, report)
     if not settings.quiet:
-        print(format_summary(summary), file=sys.stderr)
+        try:
+            print(format_summary(summary), file=sys.stderr)
+        except OSError:  # the terminal went away (SIGHUP); the outputs and summary.json are written
+            pass
     return report
 
 

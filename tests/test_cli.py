@@ -170,7 +170,8 @@ def test_sigint_finalises_outputs(tmp_path):
     assert json.loads((out / "summary.json").read_text())["interrupted"] is True
 
 
-def test_sigterm_also_finalises(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_also_finalise(tmp_path, sig):
     n, w, h = 300, 320, 192
     video = make_video(tmp_path / "long.mp4", square_frames(n, w, h, step=1), fps=25)
     out = tmp_path / "out"
@@ -180,11 +181,12 @@ def test_sigterm_also_finalises(tmp_path):
     while time.monotonic() < deadline and not list(out.glob("*.tmp*")) and not (out / "overlay.mp4").exists():
         time.sleep(0.05)
     time.sleep(0.3)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode in (0, 130), err  # 0 if it happened to finish first
     frames = read_mp4_frames(out / "overlay.mp4")
     assert json.loads((out / "annotations.json").read_text())["videos"][0]["length"] == frames
+    assert not list(out.glob("*.tmp")), "temporary files left behind"
 
 
 def test_demo_runs_and_scores(tmp_path):
