@@ -162,6 +162,14 @@ def format_summary(summary: dict[str, Any]) -> str:
     for node in summary["metrics"].get("nodes", []):
         lines.append(f"  {node['name']:<22} {node['frames_out']:6d} frames  p50 {node['latency_ms_p50']:7.2f} ms  "
                      f"p95 {node['latency_ms_p95']:7.2f} ms  drops {node['drops']}")
+    for node in summary["metrics"].get("nodes", []):
+        extra = node.get("extra") or {}
+        if extra.get("corrupt_frames"):
+            lines.append(f"warning: {extra['corrupt_frames']} corrupt frame(s) in the source were skipped")
+        if extra.get("truncated"):
+            lines.append("warning: the source ended early; it looks truncated (frames before the damage were used)")
+        if extra.get("unapplied_prompts"):
+            lines.append(f"warning: {extra['unapplied_prompts']} prompt(s) were for frames past the end of the source")
     lines.append(f"outputs in {summary['out']}")
     return "\n".join(lines)
 
