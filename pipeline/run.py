@@ -17,7 +17,7 @@ from typing import Any
 
 from .config import TrackSettings
 from .engine import Pipeline, RunReport, handle_signals
-from .errors import ConfigError, OutputError
+from .errors import ConfigError, OutputError, VostreamError
 
 logger = logging.getLogger(__name__)
 
@@ -146,12 +146,13 @@ def _run_with_progress(pipe: Pipeline, total: int | None, quiet: bool) -> RunRep
     return report
 
 
-def write_summary(path: Path, facts: dict[str, Any], report: RunReport) -> dict[str, Any]:
+def write_summary(path: Path, facts: dict[str, Any], report: RunReport, error: str | None = None) -> dict[str, Any]:
+    """``summary.json``: the run's facts, frame count, speed, per-stage metrics and, for a failed run, the error."""
     from vostream.sinks.atomic import atomic_write_text
 
     summary = dict(facts)
     summary.update({"frames": report.frames, "wall_s": round(report.wall_s, 3), "fps": round(report.fps, 2),
-                    "interrupted": report.interrupted, "metrics": report.metrics.as_dict()})
+                    "interrupted": report.interrupted, "error": error, "metrics": report.metrics.as_dict()})
     atomic_write_text(path, json.dumps(summary, indent=2, default=str))
     return summary
 
@@ -176,7 +177,12 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def run_track(settings: TrackSettings) -> RunReport:
     pipe, facts = build_track_pipeline(settings)
-    report = _run_with_progress(pipe, facts["frames_expected"] or settings.max_frames, settings.quiet)
+    try:
+        report = _run_with_progress(pipe, facts["frames_expected"] or settings.max_frames, settings.quiet)
+    except VostreamError as exc:
+        if pipe.report is not None:  # the run failed part-way: record what was done, then report the error
+            write_summary(Path(facts["out"]) / "summary.json", facts, pipe.report, error=str(exc))
+        raise
     summary = write_summary(Path(facts["out"]) / "summary.json", facts, report)
     if not settings.quiet:
         try:

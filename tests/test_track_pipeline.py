@@ -79,6 +79,18 @@ def test_error_mid_stream_names_stage_and_keeps_outputs(video, tmp_path, monkeyp
     assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob(".*.tmp*"))
 
 
+def test_failed_run_still_writes_a_summary_with_the_error(video, tmp_path, monkeypatch):
+    from vostream.pipeline.run import run_track
+    from vostream.stages.postprocess import PostprocessStage
+
+    _raise_after(PostprocessStage, "process", 7, monkeypatch)
+    with pytest.raises(StageError):
+        run_track(settings(video, tmp_path, quiet=True))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert "postprocess" in summary["error"] and "boom" in summary["error"]
+    assert summary["frames"] == 7
+
+
 def test_prompts_on_later_frames_and_removal(video, tmp_path):
     prompts = [Prompt(1, 0, click(0), [1]), Prompt(2, 10, click(10), [1]), RemoveObject(1, 20)]
     # object 2 is a second click on the same square from frame 10: both exist between 10 and 19
