@@ -44,16 +44,11 @@ class FlowEstimator:
 
 
 def similarity_from_flow(flow: np.ndarray, mask: np.ndarray, max_samples: int = 400,
-                         rng: np.random.Generator | None = None, background: np.ndarray | None = None,
-                         expected: np.ndarray | None = None) -> np.ndarray:
+                         rng: np.random.Generator | None = None) -> np.ndarray:
     """2x3 similarity (rotation, uniform scale, translation) that best explains ``flow`` inside ``mask``.
 
     RANSAC (``cv2.estimateAffinePartial2D``) on up to ``max_samples`` pixels; falls back to the median
     translation when too few pixels or the fit fails, and clamps the per-frame scale change to [0.8, 1.25].
-    Occluder-aware: given the ``background`` translation and the object's ``expected`` translation (both (2,)),
-    when they differ by more than a pixel, samples whose flow is closer to the background's motion than to the
-    expected one (flow dragged by a static occluder or the background at the mask border) are left out of the
-    fit, as long as at least a fifth of them (and 12) remain.
     """
     ys, xs = np.nonzero(mask)
     if len(ys) == 0:
@@ -63,10 +58,6 @@ def similarity_from_flow(flow: np.ndarray, mask: np.ndarray, max_samples: int = 
         sel = (np.arange(max_samples) * step).astype(np.int64)
         ys, xs = ys[sel], xs[sel]
     d = flow[ys, xs]
-    if background is not None and expected is not None and np.hypot(*(expected - background)) > 1.0:
-        obj = np.sum((d - expected) ** 2, 1) < np.sum((d - background) ** 2, 1)
-        if obj.sum() >= max(12, 0.2 * len(d)):
-            ys, xs, d = ys[obj], xs[obj], d[obj]
     src = np.stack([xs, ys], 1).astype(np.float32)
     dst = src + d
     med = np.median(d, axis=0)
@@ -84,48 +75,3 @@ def similarity_from_flow(flow: np.ndarray, mask: np.ndarray, max_samples: int = 
 
 
 __all__ = ["PRESETS", "FlowEstimator", "similarity_from_flow"]
-
-
-def sample_points(mask: np.ndarray, max_samples: int = 300) -> np.ndarray:
-    """Up to ``max_samples`` (x, y) float32 pixel positions of ``mask``, evenly spread over its pixels."""
-    ys, xs = np.nonzero(mask)
-    if len(ys) > max_samples:
-        sel = (np.arange(max_samples) * (len(ys) / max_samples)).astype(np.int64)
-        ys, xs = ys[sel], xs[sel]
-    return np.stack([xs, ys], 1).astype(np.float32)
-
-
-def photometric_error(prev: np.ndarray, cur: np.ndarray, pts: np.ndarray, m: np.ndarray, cap: float = 30.0) -> float:
-    """Mean truncated |cur(m p) - prev(p)| over the points ``pts`` (N, 2) of ``prev``: how well the motion ``m``
-    (2x3) explains the object's appearance between two grey frames.  Points moved out of the frame count ``cap``."""
-    if len(pts) == 0:
-        return cap
-    dst = pts @ m[:, :2].T + m[:, 2]
-    a = prev[pts[:, 1].astype(np.int64), pts[:, 0].astype(np.int64)].astype(np.float32)
-    b = cv2.remap(cur, dst[None, :, 0].copy(), dst[None, :, 1].copy(), cv2.INTER_LINEAR,
-                  borderMode=cv2.BORDER_CONSTANT, borderValue=-1.0)
-    b = b.reshape(-1).astype(np.float32)
-    err = np.minimum(np.abs(b - a), cap)
-    h, w = cur.shape[:2]
-    outside = (dst[:, 0] < 0) | (dst[:, 1] < 0) | (dst[:, 0] > w - 1) | (dst[:, 1] > h - 1)
-    err[outside] = cap
-    return float(err.mean())
-
-
-def background_motion(flow: np.ndarray, objects: np.ndarray | None, step: int = 8) -> np.ndarray:
-    """(2,) median flow on a regular grid outside ``objects`` (bool mask of all tracked objects, may be None):
-    the dominant (camera / background) translation between the two frames."""
-    sub = flow[step // 2::step, step // 2::step].reshape(-1, 2)
-    if objects is not None:
-        keep = ~objects[step // 2::step, step // 2::step].reshape(-1)
-        if keep.sum() >= 16:
-            sub = sub[keep]
-    return np.median(sub, axis=0).astype(np.float32)
-
-
-def translation(d: np.ndarray) -> np.ndarray:
-    """2x3 pure translation by ``d`` (dx, dy)."""
-    return np.array([[1, 0, d[0]], [0, 1, d[1]]], np.float32)
-
-
-__all__ += ["background_motion", "photometric_error", "sample_points", "translation"]

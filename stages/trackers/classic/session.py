@@ -16,8 +16,7 @@ from vostream.pipeline.types import Frame, Prompt, TrackResult
 
 from ..base import TrackerSession
 from .appearance import ColourModel, bhattacharyya, histogram, quantise
-from .motion import (FlowEstimator, background_motion, photometric_error, sample_points, similarity_from_flow,
-                     translation)
+from .motion import FlowEstimator, similarity_from_flow
 from .segment import _fill_holes, mask_from_box, mask_from_points
 
 logger = logging.getLogger(__name__)
@@ -67,16 +66,6 @@ class _Track:
     size: float = 1.0                 # sqrt of area_ref
     ratio: float = 1.0                # last visible area / area_ref
     prompted_at: int = 0              # frame index of the last prompt (contested pixels go to the newest)
-
-
-@dataclass
-class _FrameCtx:
-    """What every object's propagation shares on one frame."""
-
-    prev_gray: np.ndarray | None      # previous processed frame (grey), None on the first
-    gray: np.ndarray                  # this frame (grey)
-    bg_motion: np.ndarray | None      # (2,) background translation prev -> this frame (None without flow)
-    gap: int                          # frame-index gap since the previous processed frame
 
 
 def _signed_distance(mask: np.ndarray) -> np.ndarray:
@@ -178,16 +167,8 @@ class ClassicSession(TrackerSession):
                       if t.present and oid not in refresh]
             init = tuple(np.mean(moving, axis=0)) if frame.index - self._prev_index > 1 and moving else None
             flow = self._flow(self._prev_gray, gray, init)
-        prev_gray, prev_index = self._prev_gray, self._prev_index
         self._prev_index = frame.index
         self._prev_gray = gray
-        bg_motion = None
-        if flow is not None:
-            union = np.zeros(gray.shape, bool)
-            for t in self._tracks.values():
-                union |= t.mask
-            bg_motion = background_motion(flow, union)
-        ctx = _FrameCtx(prev_gray, gray, bg_motion, max(1, frame.index - prev_index))
 
         logits: dict[int, np.ndarray] = {}
         scale_change: dict[int, float] = {}
@@ -195,7 +176,7 @@ class ClassicSession(TrackerSession):
             if oid in refresh:
                 continue
             if tr.present:
-                lg, s2 = self._propagate(tr, img, qidx, flow, frame.index, ctx)
+                lg, s2 = self._propagate(tr, img, qidx, flow, frame.index)
                 logits[oid], scale_change[oid] = lg, s2
             else:
                 lg = self._reacquire(tr, qidx, frame.index)
@@ -252,30 +233,8 @@ class ClassicSession(TrackerSession):
         out[y0:y1, x0:x1] = (big > 0) & (small == 0)
         return out
 
-    def _motion(self, tr: _Track, flow: np.ndarray, ctx: _FrameCtx) -> np.ndarray:
-        """The object's 2x3 motion since the last processed frame.
-
-        Candidates: the robust similarity fitted to the flow inside the mask (occluder-aware: flow that follows the
-        background rather than the object's expected motion is left out), and the constant-velocity prediction.
-        The candidate that best explains the object's pixels photometrically (previous -> current grey frame)
-        wins; the prediction must be clearly better, so it only takes over when the flow is unreliable (dragged by
-        an occluder next to a partly hidden object)."""
-        expected = tr.velocity * ctx.gap
-        fit = similarity_from_flow(flow, tr.mask, background=ctx.bg_motion, expected=expected)
-        if ctx.prev_gray is None or ctx.bg_motion is None:
-            return fit
-        pred = translation(expected)
-        pts = sample_points(tr.mask)
-        e_fit = photometric_error(ctx.prev_gray, ctx.gray, pts, fit)
-        e_pred = photometric_error(ctx.prev_gray, ctx.gray, pts, pred)
-        if e_pred < 0.8 * e_fit:
-            logger.debug("object %d: constant-velocity motion preferred over the flow fit (error %.1f vs %.1f)",
-                         tr.obj_id, e_pred, e_fit)
-            return pred
-        return fit
-
     def _propagate(self, tr: _Track, img: np.ndarray, qidx: np.ndarray,
-                   flow: np.ndarray | None, index: int, ctx: _FrameCtx) -> tuple[np.ndarray, float]:
+                   flow: np.ndarray | None, index: int) -> tuple[np.ndarray, float]:
         """Fused logits (h, w) for a visible object and the area scale factor of its motion.
 
         The prior comes from the object's amodal ``shape`` (so a part that re-emerges from behind an occluder is
@@ -290,7 +249,7 @@ class ClassicSession(TrackerSession):
         sd = _signed_distance(tr.mask[y0:y1, x0:x1])
         sd_shape = _signed_distance(tr.shape[y0:y1, x0:x1])
         if flow is not None:
-            m = self._motion(tr, flow, ctx)
+            m = similarity_from_flow(flow, tr.mask)
         else:
             m = np.array([[1, 0, 0], [0, 1, 0]], np.float32)
         s2 = float(abs(np.linalg.det(m[:, :2])))
