@@ -274,3 +274,15 @@ def test_first_click_segments_the_whole_object_not_a_texture_patch(size: tuple[i
     res = session.step(fr)
     mask = cv2.resize(res.logits[0], (w, h), interpolation=cv2.INTER_LINEAR) > 0
     assert iou(mask, scene.labels[0] == 1) >= 0.85
+
+
+def test_box_on_a_featureless_region_falls_back_to_the_inscribed_ellipse() -> None:
+    """Regression: the fallback once called cv2.ellipse with a signature OpenCV rejects (found by mypy)."""
+    from vostream.stages.trackers.classic.segment import mask_from_box
+
+    img = np.full((60, 80, 3), 128, np.uint8)  # nothing for grabCut to separate
+    none = np.zeros((0, 2), np.float32)
+    m = mask_from_box(img, (20, 10, 60, 50), none, none)
+    ys, xs = np.nonzero(m)
+    assert 0.6 * np.pi * 20 * 20 < m.sum() < 40 * 40  # about the ellipse inscribed in the 40x40 box
+    assert xs.min() >= 20 and xs.max() < 60 and ys.min() >= 10 and ys.max() < 50

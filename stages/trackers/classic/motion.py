@@ -23,7 +23,7 @@ class FlowEstimator:
     """Dense optical flow ``prev -> cur`` (H, W, 2) float32 with OpenCV's DIS."""
 
     def __init__(self, preset: str = "ultrafast") -> None:
-        self._dis = cv2.DISOpticalFlow_create(PRESETS[preset])
+        self._dis = cv2.DISOpticalFlow_create(PRESETS[preset])  # type: ignore[attr-defined]
 
     def __call__(self, prev: np.ndarray, cur: np.ndarray, init: tuple[float, float] | None = None) -> np.ndarray:
         """Flow ``prev -> cur``.  ``init`` (dx, dy), an expected displacement (frames were skipped), pre-shifts
@@ -36,8 +36,8 @@ class FlowEstimator:
                                  borderMode=cv2.BORDER_REPLICATE)
         residual = self._dis.calc(shifted, cur, None)
         # residual is indexed by (p + init); bring it back to p and add the shift
-        flow = cv2.warpAffine(residual, np.array([[1, 0, -dx], [0, 1, -dy]], np.float32), (w, h),
-                              borderMode=cv2.BORDER_REPLICATE)
+        flow = np.asarray(cv2.warpAffine(residual, np.array([[1, 0, -dx], [0, 1, -dy]], np.float32), (w, h),
+                                         borderMode=cv2.BORDER_REPLICATE), np.float32)
         flow[..., 0] += dx
         flow[..., 1] += dy
         return flow

@@ -64,7 +64,8 @@ def _grabcut(img: np.ndarray, init: np.ndarray, roi: tuple[int, int, int, int], 
     sub = np.ascontiguousarray(init[y0:y1, x0:x1])
     bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
     try:
-        cv2.grabCut(np.ascontiguousarray(img[y0:y1, x0:x1]), sub, None, bgd, fgd, iters, cv2.GC_INIT_WITH_MASK)
+        cv2.grabCut(np.ascontiguousarray(img[y0:y1, x0:x1]), sub, (0, 0, 0, 0), bgd, fgd, iters,
+                    cv2.GC_INIT_WITH_MASK)  # the rect is ignored in mask mode
     except cv2.error as exc:  # degenerate ROI (e.g. no background sample): keep the initial labelling
         logger.debug("grabCut failed on roi %s: %s", roi, exc)
     out = np.zeros(init.shape, bool)
@@ -206,7 +207,7 @@ def mask_from_box(img: np.ndarray, box: tuple[float, float, float, float], pos: 
     if fallback and out.sum() < 0.05 * (bx1 - bx0) * (by1 - by0):
         logger.warning("grabCut found almost nothing in box %s; using the box's inscribed ellipse", box)
         out = np.zeros((h, w), np.uint8)
-        cv2.ellipse(out, ((bx0 + bx1) / 2, (by0 + by1) / 2), ((bx1 - bx0) * 0.9, (by1 - by0) * 0.9), 0, 1, -1)
+        cv2.ellipse(out, (((bx0 + bx1) / 2, (by0 + by1) / 2), ((bx1 - bx0) * 0.9, (by1 - by0) * 0.9), 0.0), 1, -1)
         out = out.astype(bool)
     return out
 

@@ -179,9 +179,9 @@ class ClassicSession(TrackerSession):
                 lg, s2 = self._propagate(tr, img, qidx, flow, frame.index)
                 logits[oid], scale_change[oid] = lg, s2
             else:
-                lg = self._reacquire(tr, qidx, frame.index)
-                if lg is not None:
-                    logits[oid] = lg
+                found = self._reacquire(tr, qidx, frame.index)
+                if found is not None:
+                    logits[oid] = found
         prompted: set[int] = set()
         for oid, p in pending.items():
             sp = p.scaled(w / src[0], h / src[1], (w, h))
@@ -304,8 +304,7 @@ class ClassicSession(TrackerSession):
         p = self.params
         h, w = qidx.shape
         llr = cv2.GaussianBlur(tr.model.llr(qidx), (0, 0), 1.5)
-        cand = (llr > p.reacquire_llr).astype(np.uint8)
-        cand = cv2.morphologyEx(cand, cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
+        cand = cv2.morphologyEx((llr > p.reacquire_llr).astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
         n, lab, stats, cents = cv2.connectedComponentsWithStats(cand, connectivity=8)
         if n <= 1:
             return None
