@@ -281,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args(argv)
     if args.workload == "track" and "--cv-threads" not in (argv or sys.argv[1:]):
-        args.cv_threads = 2  # the real stages use OpenCV's threads as vostream does by default
+        from vostream.pipeline.run import opencv_threads
+
+        args.cv_threads = opencv_threads(None)  # what `vostream track` uses on this machine
     logging.basicConfig(level=logging.WARNING)
     cv2.setNumThreads(args.cv_threads)
     make_source, make_stages = WORKLOADS[args.workload]
