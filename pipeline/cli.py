@@ -114,7 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     t = sub.add_parser("track", help="track objects through a video file or frames directory",
-                       description="Track objects from prompts through SOURCE and write the outputs to --out.")
+                       description="Track objects from prompts through SOURCE and write the outputs to --out.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n"
+                              "  vostream track video.mp4 --point 420,240 --out out/run1\n"
+                              "  vostream track video.mp4 --point 420,240 --neg 470,250 --obj 2 --box 100,80,220,300 "
+                              "--out out/run2 --save video,png,json,mot\n"
+                              "  vostream track frames/ --prompts prompts.json --out out/run3\n"
+                              "  vostream track --config deploy.toml\n\n"
+                              "docs: docs/prompts.md (prompts), docs/config.md (config), docs/outputs.md (formats)")
     t.add_argument("source", nargs="?", help="video file (any format FFmpeg reads) or directory of numbered frames")
     t.add_argument("--out", "-o", metavar="DIR", help="output directory")
     t.add_argument("--save", metavar="FORMATS",
