@@ -142,6 +142,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--min-area", type=int, metavar="PX", help="remove mask specks (and holes) under PX pixels")
     g.add_argument("--opencv-threads", type=int, metavar="N",
                    help="OpenCV threads per stage (default: 1 on machines with up to 4 cores, else half the cores)")
+    g = t.add_argument_group("live feeds (rtsp://, http(s)://, /dev/videoN; docs/live.md)")
+    g.add_argument("--rtsp-out", metavar="URL", help="publish the annotated stream to this rtsp:// URL")
+    g.add_argument("--rtsp-transport", choices=("tcp", "udp"), help="RTSP source transport (default tcp)")
+    g.add_argument("--open-timeout", type=float, metavar="S", help="seconds to connect (default 10)")
+    g.add_argument("--read-timeout", type=float, metavar="S",
+                   help="seconds without packets before the feed counts as stalled and is reconnected (default 3)")
+    g.add_argument("--reconnect-attempts", type=int, metavar="N",
+                   help="failed reconnects in a row before giving up (default: never give up)")
+    g.add_argument("--reconnect-max-delay", type=float, metavar="S", help="cap of the reconnect backoff (default 10)")
+    g.add_argument("--rtsp-out-bitrate", type=int, metavar="BPS", help="RTSP output bitrate (default: CRF 23)")
+    g.add_argument("--rtsp-out-gop", type=int, metavar="N", help="RTSP output keyframe interval (default: 1 s)")
     _add_common(t)
 
     d = sub.add_parser("demo", help="make a sample scene (if absent) and track it, writing every output",
@@ -151,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--scene", default="crossing", help="which synthetic scene (default crossing)")
     d.add_argument("--samples-dir", metavar="DIR", help="where sample media are kept (default: the samples folder)")
     _add_common(d)
+
+    from .annotate import add_annotate_parser
+
+    add_annotate_parser(sub, _add_common)
+
+    from .serve import add_serve_parser
+
+    add_serve_parser(sub, _add_common)
     return parser
 
 
@@ -180,6 +199,10 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
         "queue_size": args.queue_size, "policy": args.policy, "max_frames": args.max_frames,
         "fill_holes": args.fill_holes, "min_area": args.min_area, "quiet": args.quiet,
         "opencv_threads": args.opencv_threads,
+        "rtsp_out": args.rtsp_out, "rtsp_transport": args.rtsp_transport, "open_timeout": args.open_timeout,
+        "read_timeout": args.read_timeout, "reconnect_attempts": args.reconnect_attempts,
+        "reconnect_max_delay": args.reconnect_max_delay, "rtsp_out_bitrate": args.rtsp_out_bitrate,
+        "rtsp_out_gop": args.rtsp_out_gop,
         "prompts": prompts, "prompts_file": args.prompts_file,
     }
     return merge_settings(config, cli)
@@ -200,6 +223,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 130 if report.interrupted else 0
 
 
+def cmd_annotate(args: argparse.Namespace) -> int:
+    from .annotate import cmd_annotate as run_batch
+
+    return run_batch(args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import cmd_serve as run_serve
+
+    return run_serve(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -211,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.quiet:  # the run's own status lines; library modules stay at WARNING unless --verbose
         logging.getLogger("vostream.pipeline.run").setLevel(logging.INFO)
     try:
-        return {"track": cmd_track, "demo": cmd_demo}[args.command](args)
+        return {"track": cmd_track, "demo": cmd_demo, "annotate": cmd_annotate,
+                "serve": cmd_serve}[args.command](args)
     except VostreamError as exc:
         if args.debug:
             logger.exception("failed")

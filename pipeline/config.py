@@ -56,6 +56,16 @@ class TrackSettings:
     tracker: dict[str, Any] = field(default_factory=dict)
     quiet: bool = False
     opencv_threads: int | None = None  # None: 1 on machines with <= 4 cores, else half the cores
+    # live feeds (docs/live.md)
+    rtsp_out: str | None = None  # publish the annotated stream to this rtsp:// URL
+    rtsp_transport: str = "tcp"  # tcp | udp, for an rtsp:// source
+    open_timeout: float = 10.0  # seconds to connect to a live source
+    read_timeout: float = 3.0  # seconds without packets before a live source counts as stalled
+    reconnect_attempts: int | None = None  # failed reconnects in a row before giving up; None: never
+    reconnect_max_delay: float = 10.0  # cap of the exponential backoff, seconds
+    live_queue_size: int = 1  # capacity of the stage queues for a live source (latest-wins)
+    rtsp_out_bitrate: int | None = None  # bits/s; None: constant quality
+    rtsp_out_gop: int | None = None  # frames between keyframes; None: one second
 
 
 _SIMPLE_KEYS = {f.name for f in fields(TrackSettings)} - {"prompts", "prompts_file"}
@@ -113,6 +123,16 @@ def _check_type(key: str, value: Any, where: str) -> Any:
     elif key == "max_frames":
         want(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
              "an integer >= 1")
+    elif key in ("open_timeout", "read_timeout", "reconnect_max_delay"):
+        want(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, "a positive number")
+        return float(value)
+    elif key in ("reconnect_attempts", "live_queue_size", "rtsp_out_bitrate", "rtsp_out_gop"):
+        want((value is None and key != "live_queue_size")
+             or (isinstance(value, int) and not isinstance(value, bool) and value >= 1), "an integer >= 1")
+    elif key == "rtsp_transport":
+        want(value in ("tcp", "udp"), "tcp or udp")
+    elif key == "rtsp_out":
+        want(isinstance(value, str) and value.lower().startswith(("rtsp://", "rtsps://")), "an rtsp:// URL")
     elif key in ("fill_holes", "quiet"):
         want(isinstance(value, bool), "true or false")
     elif key == "policy":
@@ -158,8 +178,8 @@ def merge_settings(config: dict[str, Any] | None, cli: dict[str, Any]) -> TrackS
             setattr(s, key, _check_type(key, value, "command line"))
     if s.source is None:
         raise ConfigError("no SOURCE given: pass a video file or frames directory (or 'source' in --config)")
-    if s.out is None:
-        raise ConfigError("no output directory given: pass --out DIR (or 'out' in --config)")
+    if s.out is None and s.rtsp_out is None:
+        raise ConfigError("no output directory given: pass --out DIR (or 'out' in --config), or --rtsp-out URL")
     return s
 
 

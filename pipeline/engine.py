@@ -512,6 +512,8 @@ class Pipeline:
                         self._emit(node, out)
                     return
                 item = got
+                # a control sent while this stage waited for the item must apply before it is processed
+                self._deliver_controls(node, stage)
                 node.ordinal += 1
                 node.metrics.record_in()
                 t0 = time.monotonic()

@@ -57,9 +57,11 @@ def opencv_threads(requested: int | None) -> int:
     return 1 if cores <= 4 else cores // 2
 
 
-def build_track_pipeline(settings: TrackSettings) -> tuple[Pipeline, dict[str, Any]]:
+def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[Pipeline, dict[str, Any]]:
     """The pipeline for ``settings`` plus a dict of facts for the summary.  Validates everything that can be
-    validated before a frame is decoded: the source opens, prompts fit the frame, the output is writable."""
+    validated before a frame is decoded: the source opens, prompts fit the frame, the output is writable.
+    ``tracker``: an already loaded :class:`Tracker` to reuse (batch workers load theirs once); by default the
+    ``settings.backend`` tracker is loaded here."""
     from vostream.sinks import build_file_sinks
     from vostream.stages.decode import open_source, probe
     from vostream.stages.postprocess import PostprocessStage
@@ -71,29 +73,49 @@ def build_track_pipeline(settings: TrackSettings) -> tuple[Pipeline, dict[str, A
 
     import cv2
 
-    assert settings.source is not None and settings.out is not None
+    from vostream.stages.decode import is_live_uri
+
+    assert settings.source is not None and (settings.out is not None or settings.rtsp_out is not None)
     cv2.setNumThreads(opencv_threads(settings.opencv_threads))
-    info = probe(settings.source)
-    prompts = collect_prompts(settings)
+    live_source = None
+    if is_live_uri(settings.source):  # connect now: a wrong URL fails before anything else starts
+        from vostream.stages.live import open_live_for_track
+
+        live_source, info, timed = open_live_for_track(settings)
+    else:
+        info = probe(settings.source)
+    prompts = list(settings.prompts) if live_source is not None and timed else collect_prompts(settings)
     check_prompt_sequence(prompts, info.width, info.height, settings.source)
-    out_dir = _prepare_out_dir(settings.out)
+    out_dir = _prepare_out_dir(settings.out) if settings.out is not None else None
 
     options = dict(settings.tracker)
     if settings.model is not None:
         options["model"] = settings.model
-    tracker = load_tracker(settings.backend, **options)
-    source = open_source(settings.source, max_frames=settings.max_frames)
+    if tracker is None:
+        tracker = load_tracker(settings.backend, **options)
+    source = live_source or open_source(settings.source, max_frames=settings.max_frames)
+    queue_size = settings.live_queue_size if live_source is not None else settings.queue_size
     stages = [
-        PreprocessStage(tracker.input_spec, ring=settings.queue_size + 4),
+        PreprocessStage(tracker.input_spec, ring=queue_size + 4),
         TrackStage(tracker, prompts),
         PostprocessStage(fill_holes=settings.fill_holes, min_area=settings.min_area),
     ]
-    sinks = build_file_sinks(out_dir, settings.save, fps=info.fps, source_name=Path(settings.source).name)
-    pipe = Pipeline(source, stages, sinks, policy=settings.policy, queue_size=settings.queue_size,
+    sinks = build_file_sinks(out_dir, settings.save, fps=info.fps, source_name=Path(settings.source).name) \
+        if out_dir is not None else []
+    if settings.rtsp_out:
+        from vostream.sinks.rtsp import rtsp_out_spec
+
+        sinks.append(rtsp_out_spec(settings, info.fps))
+    pipe = Pipeline(source, stages, sinks, policy=settings.policy, queue_size=queue_size,
                     name=Path(settings.source).name)
     facts = {"source": settings.source, "width": info.width, "height": info.height, "fps": info.fps,
-             "frames_expected": info.frames, "out": str(out_dir), "backend": settings.backend,
-             "save": list(settings.save), "objects": sorted({p.obj_id for p in prompts if hasattr(p, "points")})}
+             "frames_expected": info.frames, "out": None if out_dir is None else str(out_dir),
+             "backend": settings.backend, "save": list(settings.save) if out_dir is not None else [],
+             "objects": sorted({p.obj_id for p in prompts if hasattr(p, "points")})}
+    if live_source is not None:
+        facts["live"] = True
+        facts["timed_prompts"] = timed
+        facts["rtsp_out"] = settings.rtsp_out
     return pipe, facts
 
 
@@ -177,12 +199,27 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def run_track(settings: TrackSettings) -> RunReport:
     pipe, facts = build_track_pipeline(settings)
+    timer = None
+    if facts.get("timed_prompts"):  # a live feed's prompts with wall-clock triggers
+        from vostream.stages.live import PromptTimer
+
+        timer = PromptTimer(pipe.send_control, pipe.source, facts["timed_prompts"])  # type: ignore[arg-type]
+    facts.pop("timed_prompts", None)
     try:
+        if timer is not None:
+            timer.start()
         report = _run_with_progress(pipe, facts["frames_expected"] or settings.max_frames, settings.quiet)
     except VostreamError as exc:
-        if pipe.report is not None:  # the run failed part-way: record what was done, then report the error
+        if pipe.report is not None and facts["out"]:  # the run failed part-way: record what was done
             write_summary(Path(facts["out"]) / "summary.json", facts, pipe.report, error=str(exc))
         raise
+    finally:
+        if timer is not None:
+            timer.close()
+    if not facts["out"]:
+        if not settings.quiet:
+            logger.info("%s", report.summary())
+        return report
     summary = write_summary(Path(facts["out"]) / "summary.json", facts, report)
     if not settings.quiet:
         try:

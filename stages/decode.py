@@ -485,19 +485,19 @@ def is_live_uri(uri: str | os.PathLike[str]) -> bool:
 
 
 def open_live_source(uri: str, **options: Any) -> Source[Frame]:
-    """The hook for live feeds (RTSP, HTTP, cameras).  Such a source sets ``live = True``.
+    """The source for a live feed (RTSP, HTTP, cameras): a :class:`~vostream.stages.live.LiveSource`
+    (``live = True``: reconnects by itself; ``docs/live.md``).  Raises :class:`ConfigError` for bad options."""
+    from .live import open_live
 
-    Not implemented yet: raises :class:`ConfigError`.
-    """
-    raise ConfigError(f"live sources are not supported yet: {uri!r}; give a video file or a directory of frames")
+    return open_live(uri, **options)
 
 
 def open_source(uri: str | os.PathLike[str], **options: Any) -> Source[Frame]:
     """The source for ``uri``: a directory → :class:`FrameDirSource`, a file → :class:`VideoFileSource`,
     a live URI → :func:`open_live_source`.  ``options`` go to the source's constructor.
 
-    Raises :class:`SourceError` when ``uri`` does not exist, :class:`ConfigError` for live URIs (for now) and
-    for options the source does not take.
+    Raises :class:`SourceError` when ``uri`` does not exist and :class:`ConfigError` for options the source does
+    not take.
     """
     text = os.fspath(uri)
     if text.startswith("file://"):

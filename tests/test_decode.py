@@ -259,10 +259,12 @@ def test_frame_directory_skips_unreadable_image(tmp_path: Path) -> None:
 # -- dispatch and interrupt --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("uri", ["rtsp://cam.local/stream", "http://example.com/a.m3u8", "/dev/video0", "0"])
-def test_live_sources_are_not_supported_yet(uri: str) -> None:
+def test_live_uris_open_live_sources(uri: str) -> None:
+    from vostream.stages.live import LiveSource
+
     assert is_live_uri(uri)
-    with pytest.raises(ConfigError, match="live sources are not supported yet"):
-        open_source(uri)
+    source = open_source(uri)  # constructed only: nothing connects before open()
+    assert isinstance(source, LiveSource) and source.live
 
 
 def test_open_source_dispatch(tmp_path: Path) -> None:

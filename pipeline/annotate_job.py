@@ -1,0 +1,160 @@
+"""One video of a batch: :class:`VideoJob` in, :class:`JobResult` out, run by a :class:`JobRunner` that holds one
+loaded tracker.  The same code runs in local worker processes, Ray actors and (``workers=0``) the caller.
+
+A job is one ``track`` pipeline (``build_track_pipeline``) with queue policy ``block``: no frame is dropped.
+Before it runs, the video folder's stale outputs are removed (manifest first); after it succeeds the manifest is
+written last.  A failed or cancelled job removes its partial outputs, so a folder never holds outputs without a
+matching manifest for long.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from .errors import VostreamError
+
+logger = logging.getLogger(__name__)
+
+#: called with the frames done so far; returning False cancels the job
+ProgressFn = Callable[[int], bool]
+
+
+@dataclass(frozen=True)
+class TrackOptions:
+    """The batch-wide ``track`` options every job uses.  Inert and picklable (sent to workers and actors)."""
+
+    formats: tuple[str, ...] = ("video", "json", "mot")
+    backend: str = "classic"
+    model: str | None = None
+    tracker: dict[str, Any] = field(default_factory=dict)
+    fill_holes: bool = False
+    min_area: int = 0
+    max_frames: int | None = None
+    queue_size: int = 8
+    opencv_threads: int | None = None
+
+    def output_settings(self) -> dict[str, Any]:
+        """What determines the outputs (part of each video's fingerprint)."""
+        return {"formats": sorted(self.formats), "backend": self.backend, "model": self.model,
+                "tracker": self.tracker, "fill_holes": self.fill_holes, "min_area": self.min_area,
+                "max_frames": self.max_frames}
+
+
+@dataclass
+class VideoJob:
+    """One video to annotate.  Picklable."""
+
+    key: str
+    source: str
+    out_dir: str
+    prompts: list[Any]
+    fingerprint: str
+    frames_expected: int | None = None
+    attempt: int = 1
+
+
+@dataclass
+class JobResult:
+    """What happened to one attempt at a video.  ``status``: ``done``, ``failed`` or ``cancelled``."""
+
+    key: str
+    status: str
+    frames: int = 0
+    objects: int = 0
+    wall_s: float = 0.0
+    fps: float = 0.0
+    error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    worker: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobResult:
+        return cls(**data)
+
+
+def _warnings(report: Any) -> list[str]:
+    out = []
+    for node in report.metrics.as_dict().get("nodes", []):
+        extra = node.get("extra") or {}
+        if extra.get("corrupt_frames"):
+            out.append(f"{extra['corrupt_frames']} corrupt frame(s) skipped")
+        if extra.get("truncated"):
+            out.append("the source ended early; it looks truncated")
+        if extra.get("unapplied_prompts"):
+            out.append(f"{extra['unapplied_prompts']} prompt(s) for frames past the end")
+    return out
+
+
+class JobRunner:
+    """Loads the tracker once (raises :class:`BackendError`/:class:`ConfigError` if it cannot) and runs jobs one
+    at a time.  Not thread-safe: one thread calls :meth:`run`."""
+
+    def __init__(self, options: TrackOptions, worker: str = "") -> None:
+        from vostream.stages.trackers import load_tracker
+
+        self.options = options
+        self.worker = worker or f"pid {os.getpid()}"
+        tracker_options = dict(options.tracker)
+        if options.model is not None:
+            tracker_options["model"] = options.model
+        self.tracker = load_tracker(options.backend, **tracker_options)
+
+    def run(self, job: VideoJob, progress: ProgressFn | None = None) -> JobResult:
+        """Annotate one video.  Never raises for a failure of the video: the result says ``failed`` with the
+        error.  ``progress(frames)`` is called about every 0.25 s; returning False cancels the job."""
+        from .annotate_manifest import clean_outputs, write_manifest
+        from .config import TrackSettings
+        from .run import build_track_pipeline
+
+        o = self.options
+        start = time.monotonic()
+        try:
+            clean_outputs(job.out_dir)
+            settings = TrackSettings(
+                source=job.source, out=job.out_dir, save=o.formats, backend=o.backend, model=o.model,
+                prompts=list(job.prompts), queue_size=o.queue_size, policy="block", fill_holes=o.fill_holes,
+                min_area=o.min_area, max_frames=o.max_frames, tracker=dict(o.tracker), quiet=True,
+                opencv_threads=o.opencv_threads)
+            pipe, facts = build_track_pipeline(settings, tracker=self.tracker)
+            pipe.start()
+            cancelled = False
+            while True:
+                try:
+                    report = pipe.wait(timeout=0.25)
+                    break
+                except TimeoutError:
+                    if progress is not None and not cancelled and not progress(pipe.metrics().frames):
+                        cancelled = True
+                        pipe.cancel()
+            if cancelled or report.cancelled:
+                clean_outputs(job.out_dir)
+                return JobResult(job.key, "cancelled", report.frames, error="cancelled", worker=self.worker)
+            if progress is not None:
+                progress(report.frames)
+            wall = time.monotonic() - start
+            result = JobResult(job.key, "done", report.frames, len(facts["objects"]), round(wall, 3),
+                               round(report.frames / wall, 2) if wall > 0 else 0.0, None, _warnings(report),
+                               self.worker)
+            stats = {k: v for k, v in result.to_dict().items() if k in ("frames", "objects", "wall_s", "fps",
+                                                                         "warnings")}
+            write_manifest(job.out_dir, job.key, job.fingerprint, stats)
+            return result
+        except Exception as exc:  # noqa: BLE001 - one video's failure is reported, never raised
+            message = str(exc) if isinstance(exc, VostreamError) else f"{type(exc).__name__}: {exc}"
+            logger.info("video %s failed: %s", job.key, message)
+            try:
+                clean_outputs(job.out_dir)
+            except VostreamError as clean_exc:
+                message += f" (and {clean_exc})"
+            return JobResult(job.key, "failed", error=message, wall_s=round(time.monotonic() - start, 3),
+                             worker=self.worker)
+
+
+__all__ = ["JobResult", "JobRunner", "ProgressFn", "TrackOptions", "VideoJob"]

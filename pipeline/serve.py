@@ -1,0 +1,773 @@
+"""``vostream serve``: one port serves the viewer (``web/``) over HTTP and the viewer protocol over WebSocket.
+
+Architecture, security and failure behaviour: ``docs/viewer.md``; the protocol: ``docs/protocol.md``.
+
+- :class:`ServerConfig`: every setting (inert dataclass).
+- :class:`ViewerServer`: the asyncio server.  HTTP GETs (static files, ``/healthz``, ``/metrics``, exports) are
+  answered from ``process_request``; ``/ws`` becomes a WebSocket.  One task receives each client's messages and
+  one sends to it: control replies first, then the newest frame when the client's in-flight window has room.
+- :class:`ServerThread`: runs a server in a background thread (tests, benchmarks, notebooks).
+
+Thread-safety: a :class:`ViewerServer` lives on one event loop; sessions call back into it only through
+``loop.call_soon_threadsafe``.  :meth:`ServerThread.stop` may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import mimetypes
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from .errors import ConfigError, VostreamError
+from .serve_media import list_sources, resolve_source
+from .serve_protocol import (
+    EXPORT_FORMATS, MAX_INFLIGHT, MAX_POINTS, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Ack, Export, Hello, Open, Ping,
+    PromptMsg, ProtocolError, Remove, Seek, Simple, Watch, encode, parse_client_message,
+)
+from .serve_session import Session, SessionOptions
+
+logger = logging.getLogger(__name__)
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+_STATIC_SUFFIXES = (".html", ".js", ".css", ".png", ".svg", ".ico", ".txt", ".md")
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def _web_dir() -> Path:
+    try:
+        import vostream.web as web_pkg
+
+        return Path(list(web_pkg.__path__)[0])
+    except ImportError:  # pragma: no cover - running from a bare checkout
+        return WEB_DIR
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class ServerConfig:
+    """Settings of ``vostream serve``.  ``port`` 0 picks a free port.  A non-loopback ``host`` needs ``token``."""
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    media_root: str = "."
+    default_source: str | None = None
+    token: str | None = None
+    allow_origins: tuple[str, ...] = ()
+    allow_hosts: tuple[str, ...] = ()
+    allow_urls: tuple[str, ...] = ()
+    max_message_bytes: int = 64 * 1024
+    max_rate: float = 100.0  # client messages per second (burst: 2 s worth)
+    inflight: int = 2
+    max_sessions: int = 8
+    max_clients: int = 32
+    session: SessionOptions = field(default_factory=SessionOptions)
+
+    def check(self) -> None:
+        if not is_loopback(self.host) and not self.token:
+            raise ConfigError(f"binding to {self.host!r} (not loopback) requires --token: anyone who can reach the "
+                              f"port could open files under the media root and watch sessions")
+        if self.token is not None and len(self.token) < 8:
+            raise ConfigError("--token must be at least 8 characters")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port must be 0..65535, got {self.port}")
+        if not os.path.isdir(self.media_root):
+            raise ConfigError(f"--media-root {self.media_root!r} is not a directory")
+        if not 1 <= self.inflight <= MAX_INFLIGHT:
+            raise ConfigError(f"inflight must be 1..{MAX_INFLIGHT}, got {self.inflight}")
+
+
+@dataclass
+class _Client:
+    """One connection's state (event-loop thread only, except the slot)."""
+
+    ws: Any
+    cid: int
+    slot: Any = None
+    session: Session | None = None
+    owner: bool = False
+    hello: bool = False
+    outbox: deque[bytes] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    tokens: float = 0.0
+    last_refill: float = 0.0
+    refused: int = 0
+    last_refused_reply: float = 0.0
+    closing: bool = False
+
+
+class ViewerServer:
+    """The viewer server.  ``await start()``, then ``await serve_forever()`` or ``await stop()``."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        config.check()
+        self.config = config
+        self.media_root = Path(os.path.realpath(config.media_root))
+        self.web_dir = _web_dir()
+        self.static = self._static_files()
+        self.sessions: dict[str, Session] = {}
+        self.clients: dict[int, _Client] = {}
+        self._session_clients: dict[str, set[int]] = {}
+        self._next_cid = 0
+        self._server: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.port = config.port
+        self._stats_task: asyncio.Task[None] | None = None
+        self.counters = {"messages": 0, "errors": 0, "refused_handshakes": 0}
+        from prometheus_client import CollectorRegistry
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+
+    def _static_files(self) -> dict[str, Path]:
+        files: dict[str, Path] = {}
+        for path in self.web_dir.rglob("*"):
+            if path.is_file() and not path.is_symlink() and path.suffix in _STATIC_SUFFIXES + (".js",):
+                rel = path.relative_to(self.web_dir).as_posix()
+                if not rel.startswith(("__", ".")) and "/__" not in rel:
+                    files["/" + rel] = path
+        files["/"] = self.web_dir / "index.html"
+        return files
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        from websockets.asyncio.server import serve
+
+        self.loop = asyncio.get_running_loop()
+        try:
+            self._server = await serve(self._handler, self.config.host, self.config.port,
+                                       process_request=self._process_request, max_size=self.config.max_message_bytes,
+                                       max_queue=16, compression=None, ping_interval=20, ping_timeout=20,
+                                       server_header="vostream")
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {exc.strerror or exc}; "
+                              f"choose another --port") from exc
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._stats_task = asyncio.create_task(self._stats_loop())
+        logger.info("viewer at %s", self.url)
+
+    @property
+    def url(self) -> str:
+        host = self.config.host if ":" not in self.config.host else f"[{self.config.host}]"
+        if host in ("0.0.0.0", "[::]"):
+            host = "127.0.0.1"
+        query = f"?token={self.config.token}" if self.config.token else ""
+        return f"http://{host}:{self.port}/{query}"
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None
+        try:
+            await self._server.serve_forever()
+        finally:
+            await self.stop()
+
+    async def stop(self) -> None:
+        """Close every connection and session.  Idempotent."""
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            self._stats_task = None
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        sessions, self.sessions = list(self.sessions.values()), {}
+        for s in sessions:
+            await asyncio.to_thread(s.close)
+
+    # -- HTTP -------------------------------------------------------------------------------------------------
+    def _response(self, status: int, body: bytes | str, ctype: str = "text/plain; charset=utf-8",
+                  extra: list[tuple[str, str]] | None = None) -> Any:
+        from websockets.datastructures import Headers
+        from websockets.http11 import Response
+
+        data = body.encode() if isinstance(body, str) else body
+        headers = Headers([("Content-Type", ctype), ("Content-Length", str(len(data))),
+                           ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
+                           ("Referrer-Policy", "no-referrer"), ("Connection", "close")] + (extra or []))
+        return Response(status, HTTPStatus(status).phrase, headers, data)
+
+    def _token_ok(self, query: dict[str, list[str]]) -> bool:
+        if not self.config.token:
+            return True
+        given = (query.get("token") or [""])[0]
+        return hmac.compare_digest(given.encode(), self.config.token.encode())
+
+    def _host_ok(self, host_header: str | None) -> bool:
+        """Defends against DNS rebinding: the Host header must name this server."""
+        if not host_header:
+            return False
+        host = urlsplit("//" + host_header).hostname or ""
+        allowed = set(self.config.allow_hosts) | {self.config.host}
+        if is_loopback(self.config.host) or self.config.host in ("0.0.0.0", "::"):
+            allowed |= {"localhost", "127.0.0.1", "::1"}
+        return host in allowed or (self.config.host in ("0.0.0.0", "::") and bool(self.config.token))
+
+    def _origin_ok(self, origin: str | None, host_header: str | None) -> bool:
+        if origin is None:  # not a browser (browsers always send Origin on WebSocket handshakes)
+            return True
+        if origin in self.config.allow_origins:
+            return True
+        parts = urlsplit(origin)
+        return parts.scheme in ("http", "https") and parts.netloc == (host_header or "") and self._host_ok(parts.netloc)
+
+    def _process_request(self, connection: Any, request: Any) -> Any:
+        url = urlsplit(request.path)
+        query = parse_qs(url.query)
+        host = request.headers.get("Host")
+        if not self._host_ok(host):
+            self.counters["refused_handshakes"] += 1
+            return self._response(403, f"unexpected Host header {host!r}; use {self.url}\n")
+        path = url.path
+        if path == "/ws":
+            if not self._token_ok(query):
+                self.counters["refused_handshakes"] += 1
+                return self._response(403, "missing or wrong token: open the URL vostream serve printed\n")
+            if not self._origin_ok(request.headers.get("Origin"), host):
+                self.counters["refused_handshakes"] += 1
+                return self._response(403, "cross-origin WebSocket refused (Origin does not match this server)\n")
+            if len(self.clients) >= self.config.max_clients:
+                return self._response(503, "too many clients; try again later\n")
+            return None  # proceed with the WebSocket handshake
+        if path == "/healthz":
+            health = self.health()
+            return self._response(200 if health["ok"] else 503, json.dumps(health), "application/json")
+        if path == "/metrics":
+            if not self._token_ok(query):
+                return self._response(403, "missing or wrong token\n")
+            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+            return self._response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+        if path.startswith("/export/"):
+            if not self._token_ok(query):
+                return self._response(403, "missing or wrong token\n")
+            return self._export_response(path)
+        file = self.static.get(path)
+        if file is None:
+            return self._response(404, "not found\n")
+        ctype = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
+        if ctype.startswith("text/") or ctype.endswith("javascript"):
+            ctype += "; charset=utf-8"
+        csp = ("default-src 'self'; img-src 'self' blob: data:; connect-src 'self' ws: wss:; "
+               "style-src 'self'; script-src 'self'; frame-ancestors 'none'")
+        return self._response(200, file.read_bytes(), ctype, [("Content-Security-Policy", csp)])
+
+    def _export_response(self, path: str) -> Any:
+        parts = path.split("/")
+        if len(parts) != 4:
+            return self._response(404, "not found\n")
+        session = self.sessions.get(parts[2])
+        names = {"annotations.json": "json", "masks.zip": "png"}
+        fmt = names.get(parts[3])
+        if session is None or fmt is None or fmt not in session.exports:
+            return self._response(404, "no such export; send an 'export' message first\n")
+        ctype = "application/json" if fmt == "json" else "application/zip"
+        stem = Path(session.display).stem or "export"
+        disp = f'attachment; filename="{stem}_{parts[3]}"'
+        return self._response(200, session.exports[fmt].read_bytes(), ctype, [("Content-Disposition", disp)])
+
+    def health(self) -> dict[str, Any]:
+        sessions = [{"session": s.id, "source": s.display, "alive": bool(s.pipeline and s.pipeline.running),
+                     "error": s.error} for s in list(self.sessions.values())]
+        return {"ok": all(s["error"] is None for s in sessions), "clients": len(self.clients),
+                "sessions": sessions, "tracker": self.config.session.backend}
+
+    # -- WebSocket --------------------------------------------------------------------------------------------
+    async def _handler(self, ws: Any) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        self._next_cid += 1
+        client = _Client(ws, self._next_cid, tokens=2 * self.config.max_rate, last_refill=time.monotonic())
+        self.clients[client.cid] = client
+        sender = asyncio.create_task(self._sender(client))
+        try:
+            async for data in ws:
+                if not await self._on_message(client, data):
+                    break
+        except ConnectionClosed:
+            pass
+        finally:
+            client.closing = True
+            client.wake.set()
+            sender.cancel()
+            self.clients.pop(client.cid, None)
+            await self._detach(client, reason="owner left")
+
+    def _send(self, client: _Client, message: dict[str, Any] | bytes) -> None:
+        data = message if isinstance(message, bytes) else encode(message)
+        if len(client.outbox) >= 256:  # a client that reads nothing at all: drop it, never grow
+            client.closing = True
+            asyncio.ensure_future(client.ws.close(1008, "client too slow"))
+            return
+        client.outbox.append(data)
+        client.wake.set()
+
+    def _error(self, client: _Client, code: str, message: str, ref: str | None = None) -> None:
+        self.counters["errors"] += 1
+        self._send(client, {"t": "error", "code": code, "message": message, "ref": ref})
+
+    async def _sender(self, client: _Client) -> None:
+        """Control messages first, then the newest frame while the in-flight window has room."""
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            while not client.closing:
+                await client.wake.wait()
+                client.wake.clear()
+                while client.outbox:
+                    await client.ws.send(client.outbox.popleft())
+                while client.slot is not None and (frame := client.slot.take()) is not None:
+                    await client.ws.send(frame.finish(time.time() * 1000.0))
+                    while client.outbox:
+                        await client.ws.send(client.outbox.popleft())
+        except ConnectionClosed:
+            pass
+
+    def _rate_ok(self, client: _Client) -> bool:
+        now = time.monotonic()
+        rate = self.config.max_rate
+        client.tokens = min(2 * rate, client.tokens + (now - client.last_refill) * rate)
+        client.last_refill = now
+        if client.tokens >= 1:
+            if client.tokens > rate:  # a second of quiet forgives earlier floods
+                client.refused = 0
+            client.tokens -= 1
+            return True
+        client.refused += 1
+        return False
+
+    async def _on_message(self, client: _Client, data: Any) -> bool:
+        """Handle one message; False ends the connection."""
+        self.counters["messages"] += 1
+        if not self._rate_ok(client):
+            if client.refused > 2 * self.config.max_rate:
+                # not awaited: the flood fills the incoming queue, so the closing handshake completes only
+                # after this handler stops reading
+                client.closing = True
+                client.ws.protocol.send_binary(encode({"t": "error", "code": "rate_limited", "ref": None,
+                                                       "message": "flooding: closing the connection"}))
+                client.ws.protocol.fail(1008, "rate limit exceeded")  # close frame now, then drop the TCP link
+                client.ws.send_data()
+                return False
+            now = time.monotonic()
+            if now - client.last_refused_reply > 0.5:
+                client.last_refused_reply = now
+                self._error(client, "rate_limited", f"more than {self.config.max_rate:g} messages/s; slow down")
+            return True
+        if isinstance(data, str):
+            self._error(client, "bad_msgpack", "text frames are not accepted; send msgpack in binary frames")
+            await client.ws.close(1003, "binary frames only")
+            return False
+        try:
+            msg = parse_client_message(data)
+            if not client.hello:
+                if not isinstance(msg, Hello):
+                    self._error(client, "hello_first", "send 'hello' first")
+                    await self._flush_and_close(client, 1008, "hello first")
+                    return False
+                return await self._on_hello(client, msg)
+            await self._dispatch(client, msg)
+        except ProtocolError as exc:
+            self._error(client, exc.code, str(exc), exc.ref)
+        except VostreamError as exc:
+            self._error(client, "source_error", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return True
+
+    async def _flush_and_close(self, client: _Client, code: int, reason: str) -> None:
+        while client.outbox:
+            await client.ws.send(client.outbox.popleft())
+        await client.ws.close(code, reason)
+
+    async def _on_hello(self, client: _Client, msg: Hello) -> bool:
+        if msg.v not in SUPPORTED_VERSIONS:
+            self._error(client, "version", f"protocol version {msg.v} is not supported; this server speaks "
+                                           f"{', '.join(map(str, SUPPORTED_VERSIONS))}", "hello")
+            await self._flush_and_close(client, 1002, "unsupported protocol version")
+            return False
+        from vostream.sinks.websocket import ClientSlot
+
+        client.hello = True
+        loop = self.loop
+        assert loop is not None
+        inflight = min(msg.inflight or self.config.inflight, MAX_INFLIGHT)
+        client.slot = ClientSlot(inflight, wake=_waker(loop, client.wake))
+        sources = await asyncio.to_thread(list_sources, self.media_root)
+        self._send(client, {
+            "t": "hello", "v": PROTOCOL_VERSION, "server": f"vostream {_version()}",
+            "caps": {"versions": list(SUPPORTED_VERSIONS), "backend": self.config.session.backend,
+                     "max_objects": self.config.session.max_objects, "max_points": MAX_POINTS,
+                     "max_message_bytes": self.config.max_message_bytes, "max_rate": self.config.max_rate,
+                     "inflight": inflight, "export": list(EXPORT_FORMATS),
+                     "jpeg_quality": self.config.session.jpeg_quality},
+            "sources": sources, "default_source": self.config.default_source,
+            "sessions": [{"session": s.id, "source": s.display} for s in self.sessions.values()],
+        })
+        return True
+
+    async def _dispatch(self, client: _Client, msg: Any) -> None:
+        if isinstance(msg, Ack):
+            if client.slot is not None:
+                client.slot.ack(msg.seq, msg.draw_ms)
+            return
+        if isinstance(msg, Ping):
+            self._send(client, {"t": "pong", "id": msg.id, "client_ms": msg.client_ms, "server_ms": time.time() * 1000})
+            return
+        if isinstance(msg, Hello):
+            raise ProtocolError("bad_message", "hello was already received", "hello")
+        if isinstance(msg, Open):
+            await self._open(client, msg)
+            return
+        if isinstance(msg, Watch):
+            await self._watch(client, msg)
+            return
+        session = client.session
+        t = msg.t if isinstance(msg, Simple) else type(msg).__name__.lower().replace("promptmsg", "prompt")
+        if session is None:
+            raise ProtocolError("no_session", f"{t}: open a source first", t)
+        if not client.owner:
+            raise ProtocolError("not_owner", f"{t}: this connection only watches session {session.id}", t)
+        if isinstance(msg, PromptMsg):
+            session.prompt(msg)
+        elif isinstance(msg, Remove):
+            session.remove(msg.obj)
+        elif isinstance(msg, Seek):
+            session.seek(msg.frame)
+        elif isinstance(msg, Export):
+            path, frames = await asyncio.to_thread(session.export, msg.format)
+            token = f"?token={self.config.token}" if self.config.token else ""
+            self._send(client, {"t": "export", "format": msg.format, "frames": frames,
+                                "url": f"/export/{session.id}/{path.name}{token}"})
+            return
+        elif isinstance(msg, Simple):
+            if msg.t == "close":
+                await self._detach(client, reason="closed")
+                self._send(client, {"t": "closed", "reason": "closed"})
+                return
+            getattr(session, msg.t)()
+        self._broadcast_state(session)
+
+    async def _open(self, client: _Client, msg: Open) -> None:
+        path, display = resolve_source(self.media_root, msg.source, self.config.allow_urls)
+        owned = sum(1 for s in self.sessions.values() if not s.ended)
+        if owned >= self.config.max_sessions and not (client.owner and client.session):
+            raise ProtocolError("out_of_range", f"this server runs at most {self.config.max_sessions} sessions; "
+                                                "close one first", "open")
+        loop = self.loop
+        assert loop is not None
+        holder: dict[str, Session] = {}
+
+        def notify(kind: str) -> None:
+            if "s" in holder:
+                try:
+                    loop.call_soon_threadsafe(self._on_session_event, holder["s"], kind)
+                except RuntimeError:  # the server's loop has closed (shutdown)
+                    pass
+
+        session = Session(path, display, self.config.session, notify)
+        holder["s"] = session
+        try:
+            await asyncio.to_thread(session.open)
+        except VostreamError as exc:
+            await asyncio.to_thread(session.close)
+            raise ProtocolError("source_error", f"cannot open {display!r}: {exc}", "open") from exc
+        await self._detach(client, reason="owner opened another source")  # only once the new one works
+        self.sessions[session.id] = session
+        self._attach(client, session, owner=True)
+        logger.info("client %d opened %s as session %s", client.cid, display, session.id)
+
+    async def _watch(self, client: _Client, msg: Watch) -> None:
+        session = self.sessions.get(msg.session)
+        if session is None or session.ended:
+            raise ProtocolError("unknown_session", f"no running session {msg.session!r}", "watch")
+        await self._detach(client, reason="")
+        self._attach(client, session, owner=False)
+
+    def _attach(self, client: _Client, session: Session, owner: bool) -> None:
+        client.session, client.owner = session, owner
+        self._session_clients.setdefault(session.id, set()).add(client.cid)
+        self._send(client, session.opened(watcher=not owner))
+        session.hub.add(client.slot)
+        self._broadcast_state(session)
+
+    async def _detach(self, client: _Client, reason: str) -> None:
+        session = client.session
+        if session is None:
+            return
+        client.session = None
+        if client.slot is not None:
+            session.hub.remove(client.slot)
+            from vostream.sinks.websocket import ClientSlot
+
+            loop = self.loop
+            assert loop is not None
+            client.slot = ClientSlot(client.slot.inflight_limit,
+                                     wake=_waker(loop, client.wake))
+        members = self._session_clients.get(session.id, set())
+        members.discard(client.cid)
+        if client.owner:
+            client.owner = False
+            for cid in list(members):
+                other = self.clients.get(cid)
+                if other is not None:
+                    other.session = None
+                    if other.slot is not None:
+                        session.hub.remove(other.slot)
+                    self._send(other, {"t": "closed", "reason": reason or "owner left"})
+            self._session_clients.pop(session.id, None)
+            self.sessions.pop(session.id, None)
+            await asyncio.to_thread(session.close)
+        else:
+            self._broadcast_state(session)
+
+    def _broadcast_state(self, session: Session) -> None:
+        state = encode(session.state())
+        for cid in self._session_clients.get(session.id, ()):
+            client = self.clients.get(cid)
+            if client is not None:
+                self._send(client, state)
+
+    def _on_session_event(self, session: Session, kind: str) -> None:
+        if kind == "end" and session.error:
+            for cid in self._session_clients.get(session.id, ()):
+                client = self.clients.get(cid)
+                if client is not None:
+                    self._error(client, "source_error", f"session {session.id} stopped: {session.error}")
+        self._broadcast_state(session)
+
+    async def _stats_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            for client in list(self.clients.values()):
+                session = client.session
+                if session is None or session.pipeline is None or client.slot is None:
+                    continue
+                snap = session.pipeline.metrics()
+                cs = client.slot.stats()
+                viewer = next((n for n in snap.nodes if n.name == "viewer"), None)
+                self._send(client, {
+                    "t": "stats", "fps": {n.name: round(n.fps, 2) for n in snap.nodes},
+                    "latency_ms": cs["latency_ms"], "drops": cs["drops"], "sent": cs["sent"],
+                    "inflight": cs["inflight"], "queues": {n.name: n.queue_depth for n in snap.nodes},
+                    "server_ms": {"p50": viewer.latency_ms_p50 if viewer else 0.0,
+                                  "p95": viewer.latency_ms_p95 if viewer else 0.0},
+                })
+
+
+def _waker(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> Any:
+    """A thread-safe ``event.set`` for pipeline threads; a no-op once the loop has closed."""
+    def wake() -> None:
+        try:
+            loop.call_soon_threadsafe(event.set)
+        except RuntimeError:
+            pass
+    return wake
+
+
+class _Collector:
+    """Prometheus collector: every session's pipeline metrics plus the viewer's per-client figures."""
+
+    def __init__(self, server: ViewerServer) -> None:
+        self.server = server
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        families: dict[str, Any] = {}
+        for session in list(self.server.sessions.values()):
+            if session.pipeline is None:
+                continue
+            for name, labels, value in session.pipeline.metrics().samples():
+                labels = {**labels, "session": session.id}
+                key = name
+                if key not in families:
+                    if name.endswith("_total"):
+                        families[key] = CounterMetricFamily(name[:-6], f"pipeline node {name[:-6]}",
+                                                            labels=sorted(labels))
+                    else:
+                        families[key] = GaugeMetricFamily(name, f"pipeline node {name}", labels=sorted(labels))
+                fam = families[key]
+                if sorted(labels) != list(fam._labelnames):
+                    continue
+                fam.add_metric([labels[k] for k in fam._labelnames], value)
+        yield from families.values()
+        clients = GaugeMetricFamily("vostream_viewer_clients", "connected viewer clients")
+        clients.add_metric([], len(self.server.clients))
+        yield clients
+        sessions = GaugeMetricFamily("vostream_viewer_sessions", "open viewer sessions")
+        sessions.add_metric([], len(self.server.sessions))
+        yield sessions
+        drops = CounterMetricFamily("vostream_viewer_client_drops", "frames a client skipped (latest-wins)",
+                                    labels=["client"])
+        glass = GaugeMetricFamily("vostream_viewer_glass_to_glass_ms", "capture to drawn in the browser",
+                                  labels=["client", "quantile"])
+        for client in list(self.server.clients.values()):
+            if client.slot is None:
+                continue
+            st = client.slot.stats()
+            drops.add_metric([str(client.cid)], st["drops"])
+            for q in ("p50", "p95"):
+                v = st["latency_ms"][q]
+                if v == v:  # not NaN
+                    glass.add_metric([str(client.cid), q], v)
+        yield drops
+        yield glass
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("vostream")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        return "unknown"
+
+
+class ServerThread:
+    """A :class:`ViewerServer` on its own event loop in a daemon thread.  ``start()`` returns once it listens
+    (or raises its start-up error); ``stop()`` closes everything.  Used by tests and benchmarks."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.server = ViewerServer(config)
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="vostream-serve")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self.server.start())
+        except BaseException as exc:  # noqa: BLE001 - handed to start()
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(self.server.stop())
+        self._loop.close()
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def call(self, fn: Any, timeout: float = 10.0) -> Any:
+        """Run ``fn()`` on the server's loop and return its result (inspect state from tests)."""
+        async def run() -> Any:
+            return fn()
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(15)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run_server(config: ServerConfig) -> int:
+    """``vostream serve``: serve until Ctrl-C / SIGTERM; returns the exit code."""
+    import signal
+    import sys
+
+    async def main() -> None:
+        server = ViewerServer(config)
+        await server.start()
+        print(f"vostream viewer: open {server.url}", file=sys.stderr, flush=True)
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):  # pragma: no cover - non-main thread / Windows
+                pass
+        serving = asyncio.create_task(server.serve_forever())
+        await stop.wait()
+        serving.cancel()
+        await server.stop()
+
+    asyncio.run(main())
+    return 0
+
+
+def add_serve_parser(sub: Any, add_common: Any) -> None:
+    """The ``serve`` subcommand (called by :func:`vostream.pipeline.cli.build_parser`)."""
+    p = sub.add_parser("serve", help="browser viewer: click an object, watch it tracked live",
+                       description="Serves the viewer (web/) and its WebSocket on one port; open the printed URL. "
+                                   "docs/viewer.md has the details.")
+    p.add_argument("source", nargs="?", help="video file or frames directory opened when the page loads "
+                                             "(must lie under --media-root; default root: its folder)")
+    p.add_argument("--backend", default="classic", help="tracker backend (default classic)")
+    p.add_argument("--model", metavar="DIR", help="model directory for neural backends")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need --token)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    p.add_argument("--media-root", metavar="DIR", help="only sources under DIR may be opened (default: the "
+                                                        "SOURCE's folder, else the current directory)")
+    p.add_argument("--token", help="secret required on the WebSocket, /metrics and exports (?token=...)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="extra allowed Origin for the WebSocket (repeatable)")
+    p.add_argument("--allow-url", action="append", default=[], metavar="PREFIX",
+                   help="stream URLs starting with PREFIX may be opened (repeatable; none by default)")
+    p.add_argument("--out", metavar="DIR", help="also write each session's outputs under DIR/<session>/")
+    p.add_argument("--max-objects", type=int, default=8, help="objects per session (default 8)")
+    p.add_argument("--fps", type=float, default=25.0, help="playback rate of frames directories (default 25)")
+    add_common(p)
+
+
+def cmd_serve(args: Any) -> int:
+    source = args.source
+    root = args.media_root
+    if source is not None:
+        if not os.path.exists(source):
+            raise ConfigError(f"no such file or directory: {source!r}")
+        src_real = os.path.realpath(source)
+        root = root or (os.path.dirname(src_real) if os.path.isfile(src_real) else os.path.dirname(src_real))
+        root_real = os.path.realpath(root)
+        if os.path.commonpath([root_real, src_real]) != root_real:
+            raise ConfigError(f"{source!r} is not under --media-root {root!r}")
+        source = os.path.relpath(src_real, root_real)
+    options: dict[str, Any] = {}
+    if args.model:
+        options["model"] = args.model
+    cfg = ServerConfig(host=args.host, port=args.port, media_root=root or ".", default_source=source,
+                       token=args.token, allow_origins=tuple(args.allow_origin), allow_urls=tuple(args.allow_url),
+                       session=SessionOptions(backend=args.backend, tracker_options=options,
+                                              max_objects=args.max_objects, fps=args.fps, out_dir=args.out))
+    logging.getLogger("vostream.pipeline.serve").setLevel(logging.INFO)
+    return run_server(cfg)
+
+
+__all__ = ["ServerConfig", "ServerThread", "ViewerServer", "add_serve_parser", "cmd_serve", "is_loopback",
+           "run_server"]

@@ -1,0 +1,326 @@
+"""The RTSP output sink: publishes the annotated stream (H.264, low latency) to an RTSP server, and keeps it alive.
+
+``RtspSinkSpec("rtsp://host:8554/out")`` → :class:`RtspSink`, which pushes with RTSP ANNOUNCE/RECORD (PyAV's
+``rtsp`` muxer) to a server that accepts publishers (MediaMTX, ``rtsp-simple-server``, an FFmpeg/PyAV listener
+with ``rtsp_flags=listen``...).  ``docs/live.md`` describes the design; in short:
+
+* :meth:`RtspSink.write` only draws the overlay and puts the picture in a one-slot mailbox (a picture not yet
+  sent is replaced and counted in ``dropped``); a **publisher thread** encodes and sends.  The sink never blocks
+  the pipeline (its edge uses the ``latest`` policy too).
+* While pictures arrive, each one is sent once (one output frame per input frame).  When none has arrived for
+  ``lost_after_s`` (the source is down, reconnecting), the publisher repeats the last picture, dimmed, with a
+  "SOURCE LOST" banner, at ``fps``, so viewers stay connected; counted in ``stub_frames``.
+* Timestamps come from the wall clock (90 kHz), so the output plays in real time across gaps.
+* When the server goes away (a write fails), the publisher reconnects with backoff; pictures meanwhile are
+  counted in ``dropped_offline``.  Each new connection starts with a new encoder (so with a keyframe).
+
+Failure behaviour: a malformed URL or a missing encoder raises :class:`OutputError` at :meth:`RtspSink.open`;
+a server that is down is *not* an error (the sink keeps retrying and says so in ``stats()`` and the log).
+Thread-safety: ``write``/``close``/``stats`` from the sink's thread; the publisher thread is internal and joined
+by :meth:`RtspSink.close` (idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import av
+import cv2
+import numpy as np
+from vostream.pipeline.errors import ConfigError, OutputError
+from vostream.pipeline.stage import LATEST, Sink, SinkSpec
+from vostream.pipeline.types import Frame
+from vostream.stages.live import ReconnectPolicy, SourceSupervisor
+
+from .overlay import OverlayStyle, draw_overlay
+
+logger = logging.getLogger(__name__)
+
+#: RTP clock: the output's time base
+TIME_BASE = Fraction(1, 90000)
+
+
+@dataclass(frozen=True)
+class RtspSinkSpec(SinkSpec[Frame]):
+    """Settings of an RTSP output.  Inert and picklable; :meth:`build` makes the :class:`RtspSink`.
+
+    ``transport``: ``tcp`` (default) or ``udp``.  ``fps``: rate of the stub frames while the input is down and the
+    encoder's nominal rate (default 25).  ``bitrate`` (bits/s; ``None``: x264's CRF 23), ``gop`` (frames between
+    keyframes; default ``fps``: a late joiner waits at most a second), ``preset``/``tune`` (x264; default
+    ``ultrafast``/``zerolatency``).  ``lost_after_s``: no picture for this long shows the banner.  ``reconnect``:
+    backoff when the server is away.  ``options``: extra encoder options.
+    """
+
+    url: str
+    transport: str = "tcp"
+    fps: float = 25.0
+    bitrate: int | None = None
+    gop: int | None = None
+    preset: str = "ultrafast"
+    tune: str = "zerolatency"
+    codec: str = "libx264"
+    lost_after_s: float = 1.0
+    banner: str = "SOURCE LOST"
+    open_timeout: float = 2.0
+    reconnect: ReconnectPolicy = ReconnectPolicy(initial_s=0.5, max_s=5.0)
+    alpha: float = 0.5
+    contours: bool = True
+    labels: bool = True
+    options: dict[str, str] = field(default_factory=dict)
+    name: str = "rtsp"
+    policy: str | None = LATEST
+    queue_size: int = 2
+
+    def __post_init__(self) -> None:
+        if not str(self.url).lower().startswith(("rtsp://", "rtsps://")):
+            raise ConfigError(f"rtsp output {self.url!r}: expected rtsp://host:port/path")
+        if self.transport not in ("tcp", "udp"):
+            raise ConfigError(f"rtsp output {self.url}: transport must be tcp or udp, got {self.transport!r}")
+        if not self.fps > 0:
+            raise ConfigError(f"rtsp output {self.url}: fps must be positive, got {self.fps}")
+        if self.bitrate is not None and self.bitrate <= 0:
+            raise ConfigError(f"rtsp output {self.url}: bitrate must be positive bits/s, got {self.bitrate}")
+        if self.gop is not None and self.gop < 1:
+            raise ConfigError(f"rtsp output {self.url}: gop must be >= 1 frame, got {self.gop}")
+        if not self.lost_after_s > 0:
+            raise ConfigError(f"rtsp output {self.url}: lost_after_s must be positive, got {self.lost_after_s}")
+
+    def build(self) -> RtspSink:
+        return RtspSink(self)
+
+
+def draw_banner(image: np.ndarray, text: str) -> np.ndarray:
+    """A dimmed copy of ``image`` with a red bar across the top holding ``text`` in white (the stub frame)."""
+    out = (image.astype(np.uint16) // 2).astype(np.uint8)
+    h, w = out.shape[:2]
+    bar = max(16, h // 8)
+    out[:bar] = (200, 0, 0)
+    scale = max(0.35, bar / 40)
+    cv2.putText(out, text, (max(2, w // 40), int(bar * 0.72)), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255),
+                max(1, int(scale * 2)), cv2.LINE_AA)
+    return out
+
+
+class _Publisher:
+    """One connection to the server: container + H.264 stream.  Used by the publisher thread only."""
+
+    def __init__(self, spec: RtspSinkSpec, width: int, height: int) -> None:
+        self.container: Any = av.open(spec.url, "w", format="rtsp", options={"rtsp_transport": spec.transport},
+                                      timeout=(spec.open_timeout, spec.open_timeout))
+        try:
+            rate = Fraction(spec.fps).limit_denominator(1001000)
+            stream: Any = self.container.add_stream(spec.codec, rate=rate)
+            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+            stream.time_base = TIME_BASE
+            stream.codec_context.time_base = TIME_BASE
+            gop = spec.gop or max(1, round(spec.fps))
+            options = {"g": str(gop), "bf": "0"}
+            if spec.codec == "libx264":
+                options.update({"preset": spec.preset, "tune": spec.tune})
+                if spec.bitrate is None:
+                    options["crf"] = "23"
+            options.update(spec.options)
+            stream.options = options
+            if spec.bitrate is not None:
+                stream.bit_rate = int(spec.bitrate)
+            self.stream = stream
+            self.container.start_encoding()  # RTSP ANNOUNCE/SETUP/RECORD now, so a dead server fails here
+        except BaseException:
+            self.container.close()
+            raise
+        self.last_pts = -1
+
+    def send(self, image: np.ndarray, pts: int) -> None:
+        frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+        frame.pts = max(pts, self.last_pts + 1)
+        frame.time_base = TIME_BASE
+        self.last_pts = frame.pts
+        for packet in self.stream.encode(frame):
+            self.container.mux(packet)
+
+    def close(self, flush: bool) -> None:
+        try:
+            if flush:
+                for packet in self.stream.encode(None):
+                    self.container.mux(packet)
+        except (av.error.FFmpegError, OSError) as err:
+            logger.debug("rtsp output: flushing failed: %s", err)
+        try:
+            self.container.close()
+        except (av.error.FFmpegError, OSError) as err:
+            logger.debug("rtsp output: closing failed: %s", err)
+
+
+class RtspSink(Sink[Frame]):
+    """Owns the publisher thread and the connection.  See the module docstring for the behaviour."""
+
+    def __init__(self, spec: RtspSinkSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.style = OverlayStyle(alpha=spec.alpha, contours=spec.contours, labels=spec.labels)
+        self.supervisor = SourceSupervisor(spec.reconnect, name=f"rtsp output {spec.url}")
+        self._cond = threading.Condition()
+        self._slot: np.ndarray | None = None  # the next picture to send (guarded by _cond)
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._size: tuple[int, int] | None = None
+        self._closed = False
+        self._opened = False
+        # counters (written by their one thread, read by stats())
+        self.received = 0
+        self.dropped = 0
+        self.sent = 0
+        self.stub_frames = 0
+        self.dropped_offline = 0
+        self.encode_cpu_s = 0.0
+        self.encoded = 0
+        self.error: str | None = None
+
+    def open(self) -> None:
+        """Check the encoder and start the publisher thread.  Raises :class:`OutputError`."""
+        if self._opened:
+            return
+        try:
+            av.codec.Codec(self.spec.codec, "w")
+        except Exception as err:  # noqa: BLE001 - UnknownCodecError is not an FFmpegError
+            raise OutputError(f"rtsp output {self.spec.url}: encoder {self.spec.codec!r} is not available in this "
+                              f"PyAV build") from err
+        self._opened = True
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"vostream-rtsp-out-{self.spec.name}", daemon=True)
+        self._thread.start()
+
+    def write(self, frame: Frame) -> None:
+        """Draw the overlay and hand the picture to the publisher (never blocks on the network)."""
+        if self._closed:
+            raise OutputError(f"rtsp output {self.spec.url}: write after close")
+        if not self._opened:
+            self.open()
+        h, w = frame.height - frame.height % 2, frame.width - frame.width % 2
+        if self._size is None:
+            self._size = (w, h)
+        elif (w, h) != self._size:
+            raise OutputError(f"rtsp output {self.spec.url}: frame {frame.index} is {frame.width}x{frame.height} "
+                              f"but the stream is {self._size[0]}x{self._size[1]}; the source changed size")
+        image = np.ascontiguousarray(draw_overlay(frame.image, frame.result, self.style)[:h, :w])
+        with self._cond:
+            if self._slot is not None:
+                self.dropped += 1
+            self._slot = image
+            self.received += 1
+            self._cond.notify()
+
+    # -- publisher thread ----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        spec = self.spec
+        period = 1.0 / spec.fps
+        pub: _Publisher | None = None
+        t0 = time.monotonic()
+        last: np.ndarray | None = None
+        last_input = 0.0
+        last_sent = 0.0
+        next_attempt = 0.0
+        try:
+            while True:
+                with self._cond:
+                    if self._slot is None and not self._stop:
+                        self._cond.wait(period)
+                    image, self._slot = self._slot, None
+                    stop = self._stop
+                now = time.monotonic()
+                if image is not None:
+                    last, last_input, stub = image, now, False
+                elif stop:
+                    break
+                elif last is not None and now - last_input >= spec.lost_after_s and now - last_sent >= period * 0.9:
+                    lost_for = now - last_input
+                    image, stub = draw_banner(last, f"{spec.banner} ({lost_for:.0f} s)"), True
+                else:
+                    continue
+                if pub is None:
+                    if now < next_attempt:
+                        self.dropped_offline += 0 if stub else 1
+                        continue
+                    pub = self._connect(image.shape[1], image.shape[0])
+                    if pub is None:
+                        delay = self.supervisor.lost(self.error or "cannot connect", failed_attempt=True)
+                        next_attempt = now + (delay if delay is not None else spec.reconnect.max_s)
+                        self.dropped_offline += 0 if stub else 1
+                        continue
+                cpu = time.thread_time()
+                try:
+                    pub.send(image, round((now - t0) / TIME_BASE))
+                except (av.error.FFmpegError, OSError) as err:
+                    self.error = f"{type(err).__name__}: {err}"
+                    logger.warning("rtsp output %s: the server went away (%s); reconnecting", spec.url, err)
+                    pub.close(flush=False)
+                    pub = None
+                    delay = self.supervisor.lost(self.error)
+                    next_attempt = now + (delay if delay is not None else spec.reconnect.max_s)
+                    self.dropped_offline += 0 if stub else 1
+                    continue
+                self.encode_cpu_s += time.thread_time() - cpu
+                self.encoded += 1
+                last_sent = now
+                if stub:
+                    self.stub_frames += 1
+                else:
+                    self.sent += 1
+        except Exception as err:  # noqa: BLE001 - never kill the pipeline from this thread; report in stats
+            self.error = f"{type(err).__name__}: {err}"
+            logger.exception("rtsp output %s: publisher failed", spec.url)
+        finally:
+            if pub is not None:
+                pub.close(flush=True)
+            self.supervisor.end("closed")
+
+    def _connect(self, width: int, height: int) -> _Publisher | None:
+        self.supervisor.connecting()
+        try:
+            # Note: PyAV holds the GIL during the RTSP handshake (avformat_write_header), so a server that accepts
+            # the TCP connection but never answers freezes the process's Python threads for up to open_timeout.
+            # (No TCP probe first: it would use up a one-shot listener's single accept.)
+            pub = _Publisher(self.spec, width, height)
+        except Exception as err:  # noqa: BLE001 - a server that is down is retried, not fatal
+            self.error = f"{type(err).__name__}: {err}"
+            logger.warning("rtsp output %s: cannot connect (%s)", self.spec.url, err)
+            return None
+        self.supervisor.connected()
+        return pub
+
+    def close(self) -> None:
+        """Stop the publisher: send what is pending, flush the encoder, tear the session down.  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def stats(self) -> dict[str, Any]:
+        """``received``, ``sent`` (input pictures published), ``stub_frames`` (banner frames), ``dropped``
+        (replaced before sending), ``dropped_offline`` (server away), ``reconnects``, ``state``,
+        ``encode_cpu_ms`` (mean CPU time per encoded frame, this thread), ``error`` (the last one)."""
+        snap = self.supervisor.snapshot()
+        return {"state": snap["state"], "received": self.received, "sent": self.sent, "stub_frames": self.stub_frames,
+                "dropped": self.dropped, "dropped_offline": self.dropped_offline, "reconnects": snap["reconnects"],
+                "connect_attempts": snap["attempts"],
+                "encode_cpu_ms": round(1e3 * self.encode_cpu_s / self.encoded, 3) if self.encoded else None,
+                "error": self.error}
+
+
+def rtsp_out_spec(settings: Any, fps: float | None) -> RtspSinkSpec:
+    """The RTSP output of a ``vostream track`` run (``--rtsp-out`` and the ``rtsp_out_*`` settings)."""
+    return RtspSinkSpec(settings.rtsp_out, fps=fps if fps and fps > 0 else 25.0, bitrate=settings.rtsp_out_bitrate,
+                        gop=settings.rtsp_out_gop)
+
+
+__all__ = ["RtspSink", "RtspSinkSpec", "TIME_BASE", "draw_banner", "rtsp_out_spec"]

@@ -1,0 +1,265 @@
+"""The viewer sink: each tracked frame becomes one msgpack ``frame`` message (JPEG + COCO RLE per object), packed
+once and offered to every connected client's one-frame slot (``docs/protocol.md``, ``docs/viewer.md``).
+
+- :class:`ClientSlot`: one client's latest-wins slot and in-flight window (acks free it).  A newer frame replaces
+  an unsent one (counted as a drop for that client only); nothing else is buffered, so memory per client is at
+  most ``inflight`` frames in its socket plus one in the slot.
+- :class:`FrameHub`: the set of slots of one session; :meth:`FrameHub.publish` never blocks.
+- :class:`ViewerSinkSpec` / :class:`ViewerSink`: the pipeline sink (policy ``latest``, queue of 2 by default, so a
+  slow JPEG encoder never stalls the file sinks or the tracker either).
+- :class:`AnnotationRecord`: what the session keeps for "export" (RLE strings, boxes, scores per frame).
+
+Thread-safety: ``ClientSlot``, ``FrameHub`` and ``AnnotationRecord`` are thread-safe (one lock each); the sink
+runs in its pipeline thread and calls ``wake`` callbacks that must be thread-safe themselves (the server passes
+``loop.call_soon_threadsafe``-based ones).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import cv2
+import numpy as np
+
+from vostream.pipeline.errors import ConfigError
+from vostream.pipeline.metrics import Ring
+from vostream.pipeline.serve_protocol import PackedFrame
+from vostream.pipeline.stage import LATEST, Sink, SinkSpec
+from vostream.pipeline.types import Frame
+
+logger = logging.getLogger(__name__)
+
+#: wall clock minus monotonic clock, to turn ``frame.stamps`` (monotonic) into epoch milliseconds
+_EPOCH_OFFSET = time.time() - time.monotonic()
+
+
+class ClientSlot:
+    """One client's latest-wins slot plus an in-flight window of ``inflight`` unacknowledged frames."""
+
+    def __init__(self, inflight: int = 2, wake: Callable[[], None] | None = None) -> None:
+        if inflight < 1:
+            raise ConfigError(f"inflight must be >= 1, got {inflight}")
+        self.inflight_limit = inflight
+        self.wake = wake or (lambda: None)
+        self._lock = threading.Lock()
+        self._pending: PackedFrame | None = None
+        self._unacked: deque[tuple[int, float]] = deque()  # (seq, capture_ms) sent, not yet acked
+        self.drops = 0
+        self.offered = 0
+        self.sent = 0
+        self.acked = 0
+        self.glass_ms = Ring()
+        self.closed = False
+
+    def offer(self, frame: PackedFrame) -> None:
+        """Put ``frame`` in the slot, replacing (and counting as dropped) an unsent one.  Never blocks."""
+        with self._lock:
+            if self.closed:
+                return
+            if self._pending is not None:
+                self.drops += 1
+            self._pending = frame
+            self.offered += 1
+        self.wake()
+
+    def take(self) -> PackedFrame | None:
+        """The frame to send now, or ``None`` (slot empty or the in-flight window full)."""
+        with self._lock:
+            if self._pending is None or len(self._unacked) >= self.inflight_limit:
+                return None
+            frame, self._pending = self._pending, None
+            self._unacked.append((frame.seq, frame.capture_ms))
+            self.sent += 1
+            return frame
+
+    def ack(self, seq: int, draw_ms: float | None = None) -> bool:
+        """Acknowledge every sent frame up to ``seq``; returns True if that freed room.  ``draw_ms`` (epoch ms,
+        server clock) adds a glass-to-glass sample for frame ``seq``."""
+        freed = False
+        with self._lock:
+            while self._unacked and self._unacked[0][0] <= seq:
+                s, capture_ms = self._unacked.popleft()
+                self.acked += 1
+                freed = True
+                if s == seq and draw_ms is not None and capture_ms > 0:
+                    self.glass_ms.add(draw_ms - capture_ms)
+            has_pending = self._pending is not None
+        if freed and has_pending:
+            self.wake()
+        return freed
+
+    @property
+    def inflight(self) -> int:
+        with self._lock:
+            return len(self._unacked)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._pending = None
+
+    def stats(self) -> dict[str, Any]:
+        p50, p95 = self.glass_ms.percentiles(50, 95) if len(self.glass_ms) else (float("nan"),) * 2
+        with self._lock:
+            return {"drops": self.drops, "sent": self.sent, "acked": self.acked, "inflight": len(self._unacked),
+                    "latency_ms": {"p50": p50, "p95": p95, "n": len(self.glass_ms)}}
+
+
+class FrameHub:
+    """The clients of one session.  :meth:`publish` offers a packed frame to every slot without blocking."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: list[ClientSlot] = []
+        self.published = 0
+        self.last: PackedFrame | None = None
+
+    def add(self, slot: ClientSlot) -> None:
+        with self._lock:
+            self._slots.append(slot)
+            last = self.last
+        if last is not None:  # a watcher joining a paused session sees the current frame at once
+            slot.offer(last)
+
+    def remove(self, slot: ClientSlot) -> None:
+        with self._lock:
+            if slot in self._slots:
+                self._slots.remove(slot)
+        slot.close()
+
+    def publish(self, frame: PackedFrame) -> None:
+        with self._lock:
+            slots = list(self._slots)
+            self.published += 1
+            self.last = frame
+        for slot in slots:
+            slot.offer(frame)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._slots)
+
+
+@dataclass
+class _FrameRecord:
+    height: int
+    width: int
+    rows: list[tuple[int, float, bool, list[float], str | None]]  # id, score, present, box, rle counts
+
+
+class AnnotationRecord:
+    """Compact per-frame results of a file session (RLE strings, not masks) for export; the latest result for a
+    frame index wins (a correction on a paused frame replaces it).  Memory grows with the compressed masks."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._frames: dict[int, _FrameRecord] = {}
+
+    def add(self, index: int, height: int, width: int, objs: list[dict[str, Any]]) -> None:
+        rows = [(o["id"], o["score"], o["present"], o["box"], o["rle"]["counts"] if o["rle"] else None)
+                for o in objs]
+        with self._lock:
+            self._frames[index] = _FrameRecord(height, width, rows)
+
+    def items(self) -> list[tuple[int, _FrameRecord]]:
+        with self._lock:
+            return sorted(self._frames.items())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._frames)
+
+
+def frame_objects(frame: Frame) -> list[dict[str, Any]]:
+    """The ``objs`` list of a frame message: id, score, present, box and COCO RLE (None when absent)."""
+    result = frame.result
+    if result is None or not len(result):
+        return []
+    rles = result.to_rles()
+    objs = []
+    for row, oid in enumerate(result.obj_ids.tolist()):
+        present = bool(result.present[row])
+        objs.append({"id": int(oid), "score": round(float(result.scores[row]), 4), "present": present,
+                     "box": [float(v) for v in result.boxes[row]], "rle": rles[row] if present else None})
+    return objs
+
+
+@dataclass(frozen=True)
+class ViewerSinkSpec(SinkSpec[Frame]):
+    """The viewer sink of one session.  Not picklable (it points at the in-process ``hub``).
+
+    ``policy`` ``latest`` and ``queue_size`` 2: when JPEG encoding falls behind, the viewer skips frames and the
+    rest of the pipeline does not wait.
+    """
+
+    hub: FrameHub
+    session: str = ""
+    jpeg_quality: int = 80
+    record: AnnotationRecord | None = None
+    name: str = "viewer"
+    policy: str | None = LATEST
+    queue_size: int = 2
+    on_frame: Callable[[Frame], None] | None = field(default=None, compare=False)
+
+    def build(self) -> ViewerSink:
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ConfigError(f"jpeg_quality must be 1..100, got {self.jpeg_quality}")
+        return ViewerSink(self)
+
+
+class ViewerSink(Sink[Frame]):
+    """Encodes each frame (JPEG, RLE, msgpack) once and publishes it to the hub.  One pipeline thread."""
+
+    def __init__(self, spec: ViewerSinkSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self._seq = 0
+        self._encode_ms = Ring()
+        self._bytes = 0
+
+    def write(self, frame: Frame) -> None:
+        t0 = time.perf_counter()
+        bgr = cv2.cvtColor(frame.image, cv2.COLOR_RGB2BGR)
+        ok, jpeg = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, self.spec.jpeg_quality])
+        if not ok:  # pragma: no cover - OpenCV fails only on empty images
+            raise ConfigError(f"viewer sink: JPEG encoding of frame {frame.index} failed")
+        objs = frame_objects(frame)
+        if self.spec.record is not None:
+            self.spec.record.add(frame.index, frame.height, frame.width, objs)
+        tracked = frame.stamps.get("track")
+        self._seq += 1
+        packed = PackedFrame.pack({
+            "t": "frame", "seq": self._seq, "session": self.spec.session, "index": int(frame.index),
+            "w": frame.width, "h": frame.height, "jpeg": jpeg.tobytes(), "objs": objs,
+            "capture_ms": frame.capture_time * 1000.0 if frame.capture_time else 0.0,
+            "tracked_ms": (tracked + _EPOCH_OFFSET) * 1000.0 if tracked else 0.0,
+        })
+        self._bytes += len(packed.body)
+        self._encode_ms.add((time.perf_counter() - t0) * 1000.0)
+        self.spec.hub.publish(packed)
+        if self.spec.on_frame is not None:
+            self.spec.on_frame(frame)
+
+    def close(self) -> None:
+        """Nothing to flush: frames are published as they come.  Idempotent."""
+
+    def stats(self) -> dict[str, Any]:
+        p50, p95 = self._encode_ms.percentiles(50, 95) if len(self._encode_ms) else (float("nan"),) * 2
+        return {"published": self._seq, "encode_ms_p50": p50, "encode_ms_p95": p95,
+                "bytes_per_frame": self._bytes / self._seq if self._seq else 0.0}
+
+
+def decode_rle_counts(counts: str, height: int, width: int) -> np.ndarray:
+    """Boolean (H, W) mask of a compressed COCO RLE string (pycocotools), for exports and tests."""
+    from pycocotools import mask as mask_utils
+
+    return mask_utils.decode({"size": [height, width], "counts": counts.encode("ascii")}).astype(bool)
+
+
+__all__ = ["AnnotationRecord", "ClientSlot", "FrameHub", "ViewerSink", "ViewerSinkSpec", "decode_rle_counts",
+           "frame_objects"]

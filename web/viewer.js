@@ -1,0 +1,376 @@
+// vostream viewer: click-to-track over WebSocket + msgpack (docs/protocol.md).  No build step.
+// Frames are decoded off the main thread with createImageBitmap; masks arrive as COCO RLE and are drawn
+// translucent with an opaque contour.  Latest frame wins: while one frame is being drawn, a newer arrival
+// replaces the waiting one (counted as a client drop).  Test hooks: window.__vostream.
+"use strict";
+(function () {
+  const MP = window.MessagePack;
+  const $ = (id) => document.getElementById(id);
+  const canvas = $("view");
+  const ctx = canvas.getContext("2d");
+  const params = new URLSearchParams(location.search);
+  const token = params.get("token");
+
+  // ---- state --------------------------------------------------------------------------------------------------
+  const S = {
+    ws: null, session: null, watcher: false, width: 0, height: 0, frames: null, seekable: false,
+    playing: false, ended: false, index: -1, objects: new Map(), selected: null, offset: 0, bestRtt: Infinity,
+    pending: null, drawing: false, lastMsg: null, drag: null, caps: null,
+  };
+  const stats = {
+    connected: false, frames: 0, masksDrawn: 0, clientDrops: 0, serverDrops: 0, lastIndex: -1, lastSeq: 0,
+    lat: [], p50: null, p95: null, fps: 0, objs: {}, areaByIndex: {}, errors: [], state: null, session: null,
+    promptsSent: 0, server: null, drawTimes: [],
+  };
+  window.__vostream = stats;
+
+  // DAVIS / PASCAL VOC palette, the same colours as the file outputs (sinks/overlay.py)
+  function colorFor(id) {
+    let r = 0, g = 0, b = 0, c = id;
+    for (let shift = 7; shift >= 0; shift--) {
+      r |= (c & 1) << shift; g |= ((c >> 1) & 1) << shift; b |= ((c >> 2) & 1) << shift; c >>= 3;
+    }
+    return [r, g, b];
+  }
+  const css = (rgb) => `rgb(${rgb[0]},${rgb[1]},${rgb[2]})`;
+
+  // ---- connection ---------------------------------------------------------------------------------------------
+  function send(msg) {
+    if (S.ws && S.ws.readyState === WebSocket.OPEN) S.ws.send(MP.encode(msg));
+  }
+  const now = () => performance.timeOrigin + performance.now();
+
+  function connect() {
+    const proto = location.protocol === "https:" ? "wss:" : "ws:";
+    const ws = new WebSocket(`${proto}//${location.host}/ws${token ? "?token=" + encodeURIComponent(token) : ""}`);
+    ws.binaryType = "arraybuffer";
+    S.ws = ws;
+    ws.onopen = () => {
+      stats.connected = true;
+      setStatus("connected");
+      send({ t: "hello", v: 1, client: "vostream-web", inflight: 2 });
+      for (let i = 0; i < 5; i++) setTimeout(() => send({ t: "ping", id: i, client_ms: now() }), 40 * i);
+    };
+    ws.onclose = (e) => {
+      stats.connected = false;
+      setStatus(`disconnected${e.reason ? ": " + e.reason : ""}`);
+    };
+    ws.onmessage = (e) => {
+      let msg;
+      try { msg = MP.decode(new Uint8Array(e.data)); } catch (err) { showError("bad message from server"); return; }
+      const handler = handlers[msg.t];
+      if (handler) handler(msg);  // unknown types are ignored (protocol versioning rule)
+    };
+  }
+
+  const handlers = {
+    hello(msg) {
+      S.caps = msg.caps;
+      const sel = $("sources");
+      sel.innerHTML = "";
+      for (const s of msg.sources) sel.add(new Option(s, s));
+      const wanted = params.get("source") || msg.default_source;
+      if (wanted && ![...sel.options].some((o) => o.value === wanted)) sel.add(new Option(wanted, wanted));
+      if (wanted) sel.value = wanted;
+      if (params.get("watch")) send({ t: "watch", session: params.get("watch") });
+      else if (wanted) openSource(wanted);
+    },
+    opened(msg) {
+      Object.assign(S, { session: msg.session, watcher: msg.watcher, width: msg.width, height: msg.height,
+        frames: msg.frames, seekable: msg.seekable, index: -1 });
+      stats.session = msg.session;
+      if (!msg.watcher) S.objects.clear();
+      canvas.width = msg.width; canvas.height = msg.height;
+      $("seek").max = Math.max(0, (msg.frames || 1) - 1);
+      $("seek").disabled = !msg.seekable || msg.watcher;
+      setStatus(`${msg.source} ${msg.width}x${msg.height}${msg.watcher ? " (watching)" : ""}`);
+      renderObjects();
+    },
+    frame(msg) {
+      msg.recv_ms = now();
+      stats.lastSeq = msg.seq;
+      if (S.pending) stats.clientDrops++;
+      S.pending = msg;
+      if (!S.drawing) drawLoop();
+    },
+    state(msg) {
+      stats.state = msg;
+      S.playing = msg.playing; S.ended = msg.ended; S.index = msg.index;
+      for (const id of msg.objects) ensureObject(id);
+      $("play").textContent = msg.playing ? "❚❚ Pause" : "▶ Play";
+      $("seek").value = Math.max(0, msg.index);
+      renderObjects();
+    },
+    stats(msg) {
+      stats.server = msg; stats.serverDrops = msg.drops;
+      renderStats();
+    },
+    pong(msg) {
+      const t = now(), rtt = t - msg.client_ms;
+      if (rtt < S.bestRtt) { S.bestRtt = rtt; S.offset = msg.server_ms - (msg.client_ms + t) / 2; }
+    },
+    export(msg) {
+      const a = document.createElement("a");
+      a.href = msg.url; a.download = ""; document.body.appendChild(a); a.click(); a.remove();
+      stats.lastExport = msg;
+    },
+    error(msg) {
+      stats.errors.push(msg);
+      if (stats.errors.length > 50) stats.errors.shift();
+      showError(`${msg.code}: ${msg.message}`);
+    },
+    closed(msg) { setStatus(`session closed (${msg.reason})`); S.session = null; },
+  };
+
+  // ---- drawing ------------------------------------------------------------------------------------------------
+  let overlay = null, overlayImg = null, maskBuf = null;
+
+  function decodeCounts(s) {  // pycocotools rleFrString
+    const cnts = [];
+    let p = 0;
+    while (p < s.length) {
+      let x = 0, k = 0, more = 1, c = 0;
+      while (more) {
+        c = s.charCodeAt(p) - 48; x |= (c & 0x1f) << (5 * k); more = c & 0x20; p++; k++;
+        if (!more && (c & 0x10)) x |= -1 << (5 * k);
+      }
+      if (cnts.length > 2) x += cnts[cnts.length - 2];
+      cnts.push(x);
+    }
+    return cnts;
+  }
+
+  // Decode one object's RLE into maskBuf (row-major 0/1) and paint it into the overlay; returns its area.
+  function paintMask(rle, rgb, w, h, data) {
+    const cnts = decodeCounts(rle.counts);
+    maskBuf.fill(0);
+    let k = 0, area = 0, val = 0;
+    for (const n of cnts) {
+      if (val) {
+        for (let j = k; j < k + n; j++) maskBuf[(j % h) * w + ((j / h) | 0)] = 1;  // column-major
+        area += n;
+      }
+      k += n; val ^= 1;
+    }
+    for (let y = 0; y < h; y++) {
+      const row = y * w;
+      for (let x = 0; x < w; x++) {
+        const i = row + x;
+        if (!maskBuf[i]) continue;
+        const edge = x === 0 || y === 0 || x === w - 1 || y === h - 1 || !maskBuf[i - 1] || !maskBuf[i + 1] ||
+          !maskBuf[i - w] || !maskBuf[i + w];
+        const o = i * 4;
+        data[o] = rgb[0]; data[o + 1] = rgb[1]; data[o + 2] = rgb[2]; data[o + 3] = edge ? 255 : 115;
+      }
+    }
+    return area;
+  }
+
+  async function drawLoop() {
+    S.drawing = true;
+    while (S.pending) {
+      const msg = S.pending; S.pending = null;
+      try { await drawFrame(msg); } catch (err) { showError(`draw failed: ${err}`); }
+    }
+    S.drawing = false;
+  }
+
+  async function drawFrame(msg) {
+    const bitmap = await createImageBitmap(new Blob([msg.jpeg], { type: "image/jpeg" }));
+    const w = msg.w, h = msg.h;
+    if (canvas.width !== w || canvas.height !== h) { canvas.width = w; canvas.height = h; }
+    if (!overlay || overlay.width !== w || overlay.height !== h) {
+      overlay = new OffscreenCanvas(w, h);
+      overlayImg = new ImageData(w, h);
+      maskBuf = new Uint8Array(w * h);
+    }
+    ctx.drawImage(bitmap, 0, 0);
+    bitmap.close();
+    overlayImg.data.fill(0);
+    const areas = {};
+    let drawn = 0;
+    for (const o of msg.objs) {
+      if (!o.present || !o.rle) { areas[o.id] = 0; continue; }
+      ensureObject(o.id);
+      areas[o.id] = paintMask(o.rle, S.objects.get(o.id).color, w, h, overlayImg.data);
+      drawn++;
+    }
+    if (drawn) {
+      overlay.getContext("2d").putImageData(overlayImg, 0, 0);
+      ctx.drawImage(overlay, 0, 0);
+    }
+    drawPrompts(msg.index);
+    S.lastMsg = msg; S.index = msg.index;
+    const drawMs = now();
+    send({ t: "ack", seq: msg.seq, recv_ms: msg.recv_ms + S.offset, draw_ms: drawMs + S.offset });
+    // stats for the overlay and the tests
+    stats.frames++; stats.masksDrawn += drawn; stats.lastIndex = msg.index;
+    stats.objs = {};
+    for (const o of msg.objs) stats.objs[o.id] = { area: areas[o.id], present: o.present, box: o.box, score: o.score };
+    stats.areaByIndex[msg.index] = areas;
+    if (msg.capture_ms) {
+      stats.lat.push(drawMs + S.offset - msg.capture_ms);
+      if (stats.lat.length > 600) stats.lat.shift();
+    }
+    stats.drawTimes.push(drawMs);
+    if (stats.drawTimes.length > 60) stats.drawTimes.shift();
+    $("frameno").textContent = `${msg.index}${S.frames ? " / " + (S.frames - 1) : ""}`;
+    renderStats();
+  }
+
+  function drawPrompts(index) {
+    for (const [id, obj] of S.objects) {
+      const p = obj.prompts.get(index);
+      if (!p) continue;
+      ctx.lineWidth = Math.max(1, canvas.width / 400);
+      p.points.forEach(([x, y], i) => {
+        ctx.beginPath(); ctx.arc(x, y, Math.max(3, canvas.width / 160), 0, 2 * Math.PI);
+        ctx.fillStyle = p.labels[i] ? "#2ecc40" : "#ff4136"; ctx.fill();
+        ctx.strokeStyle = "#fff"; ctx.stroke();
+      });
+      if (p.box) { ctx.strokeStyle = css(obj.color); ctx.strokeRect(p.box[0], p.box[1], p.box[2] - p.box[0], p.box[3] - p.box[1]); }
+    }
+  }
+
+  function redraw() {  // re-composite the last frame (after a click, before the server answers)
+    if (S.lastMsg && !S.drawing) { S.pending = S.lastMsg; drawLoop(); }
+  }
+
+  function pct(arr, q) {
+    if (!arr.length) return null;
+    const s = [...arr].sort((a, b) => a - b);
+    const pos = (s.length - 1) * q, lo = Math.floor(pos), hi = Math.ceil(pos);
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo);
+  }
+
+  function renderStats() {
+    stats.p50 = pct(stats.lat, 0.5); stats.p95 = pct(stats.lat, 0.95);
+    const d = stats.drawTimes;
+    stats.fps = d.length > 1 ? (1000 * (d.length - 1)) / (d[d.length - 1] - d[0]) : 0;
+    const f = (v) => (v == null || Number.isNaN(v) ? "–" : v.toFixed(1));
+    const srv = stats.server;
+    $("stats").textContent =
+      `frame ${stats.lastIndex}  ${f(stats.fps)} fps\n` +
+      `latency p50 ${f(stats.p50)} ms  p95 ${f(stats.p95)} ms\n` +
+      `drops ${stats.serverDrops} server + ${stats.clientDrops} client\n` +
+      (srv ? `track ${f(srv.fps.track)} fps  encode ${f(srv.server_ms.p50)} ms` : "");
+  }
+
+  // ---- objects ------------------------------------------------------------------------------------------------
+  function ensureObject(id) {
+    if (!S.objects.has(id)) S.objects.set(id, { color: colorFor(id), prompts: new Map() });
+    if (S.selected == null) S.selected = id;
+    return S.objects.get(id);
+  }
+
+  function newObject() {
+    let id = 1;
+    while (S.objects.has(id)) id++;
+    if (S.caps && S.objects.size >= S.caps.max_objects) { showError(`at most ${S.caps.max_objects} objects`); return; }
+    ensureObject(id); S.selected = id; renderObjects();
+  }
+
+  function renderObjects() {
+    const ul = $("objects");
+    ul.innerHTML = "";
+    for (const [id, obj] of S.objects) {
+      const li = document.createElement("li");
+      li.dataset.id = id;
+      if (id === S.selected) li.className = "selected";
+      const sw = document.createElement("span");
+      sw.className = "swatch"; sw.style.background = css(obj.color);
+      const label = document.createElement("span");
+      const st = stats.objs[id];
+      label.textContent = `object ${id}${st ? (st.present ? "" : " (hidden)") : ""}`;
+      const rm = document.createElement("button");
+      rm.className = "remove"; rm.textContent = "×"; rm.title = "remove (Delete)";
+      rm.onclick = (e) => { e.stopPropagation(); removeObject(id); };
+      li.append(sw, label, rm);
+      li.onclick = () => { S.selected = id; renderObjects(); };
+      ul.appendChild(li);
+    }
+  }
+
+  function removeObject(id) {
+    if (!S.objects.has(id)) return;
+    send({ t: "remove", obj: id });
+    S.objects.delete(id);
+    if (S.selected === id) S.selected = S.objects.size ? [...S.objects.keys()][0] : null;
+    renderObjects();
+  }
+
+  // ---- input --------------------------------------------------------------------------------------------------
+  function toSource(e) {  // CSS pixels → source pixels, at any window size
+    const r = canvas.getBoundingClientRect();
+    const x = ((e.clientX - r.left) * canvas.width) / r.width;
+    const y = ((e.clientY - r.top) * canvas.height) / r.height;
+    return [Math.min(canvas.width - 1, Math.max(0, x)), Math.min(canvas.height - 1, Math.max(0, y))];
+  }
+
+  function addPrompt(point, label, box) {
+    if (!S.session || S.watcher || S.index < 0) return;
+    if (S.selected == null) newObject();
+    const id = S.selected, obj = ensureObject(id), frame = S.index;
+    let p = obj.prompts.get(frame);
+    if (!p) { p = { points: [], labels: [], box: null }; obj.prompts.set(frame, p); }
+    if (point) { p.points.push(point.map((v) => Math.round(v * 10) / 10)); p.labels.push(label); }
+    if (box) p.box = box.map((v) => Math.round(v * 10) / 10);
+    const msg = { t: "prompt", obj: id, frame, points: p.points, labels: p.labels };
+    if (p.box) msg.box = p.box;
+    send(msg);
+    stats.promptsSent++;
+    renderObjects(); redraw();
+  }
+
+  canvas.addEventListener("contextmenu", (e) => e.preventDefault());
+  canvas.addEventListener("mousedown", (e) => {
+    canvas.focus();
+    S.drag = { start: toSource(e), cssX: e.clientX, cssY: e.clientY, button: e.button, shift: e.shiftKey };
+  });
+  canvas.addEventListener("mouseup", (e) => {
+    const d = S.drag; S.drag = null;
+    if (!d) return;
+    const end = toSource(e);
+    const moved = Math.hypot(e.clientX - d.cssX, e.clientY - d.cssY);
+    if (moved < 5) {
+      addPrompt(d.start, d.button === 2 || d.shift ? 0 : 1, null);
+    } else if (d.button === 0) {
+      const box = [Math.min(d.start[0], end[0]), Math.min(d.start[1], end[1]),
+        Math.max(d.start[0], end[0]) + 1, Math.max(d.start[1], end[1]) + 1];
+      addPrompt(null, 1, box);
+    }
+  });
+
+  function openSource(src) { if (src) send({ t: "open", source: src }); }
+  function togglePlay() { send({ t: S.playing ? "pause" : "play" }); }
+  function doExport(format) { send({ t: "export", format }); }
+
+  $("open").onclick = () => openSource($("sources").value);
+  $("play").onclick = togglePlay;
+  $("step").onclick = () => send({ t: "step" });
+  $("reset").onclick = () => { send({ t: "reset" }); for (const o of S.objects.values()) o.prompts.clear(); };
+  $("newobj").onclick = newObject;
+  $("seek").onchange = (e) => send({ t: "seek", frame: Number(e.target.value) });
+  $("export-json").onclick = () => doExport("json");
+  $("export-png").onclick = () => doExport("png");
+
+  document.addEventListener("keydown", (e) => {
+    if (e.target instanceof HTMLInputElement || e.target instanceof HTMLSelectElement) return;
+    const k = e.key;
+    if (k === " ") { togglePlay(); e.preventDefault(); }
+    else if (k === "." || k === "ArrowRight") send({ t: "step" });
+    else if (k === "n") newObject();
+    else if (k === "r") { send({ t: "reset" }); for (const o of S.objects.values()) o.prompts.clear(); }
+    else if (k === "s") $("stats").classList.toggle("hidden");
+    else if (k === "e") doExport("json");
+    else if (k === "Delete" || k === "Backspace") { if (S.selected != null) removeObject(S.selected); }
+    else if (k >= "1" && k <= "9") { const id = Number(k); if (S.objects.has(id)) { S.selected = id; renderObjects(); } }
+    else if (k === "Home" && S.seekable) send({ t: "seek", frame: 0 });
+  });
+
+  function setStatus(text) { $("status").textContent = text; }
+  function showError(text) { $("error").textContent = text; }
+
+  window.__vostreamApi = { newObject, removeObject, send, select: (id) => { S.selected = id; renderObjects(); } };
+  connect();
+})();
