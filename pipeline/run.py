@@ -86,6 +86,12 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
         info = probe(settings.source)
     prompts = list(settings.prompts) if live_source is not None and timed else collect_prompts(settings)
     check_prompt_sequence(prompts, info.width, info.height, settings.source)
+    if live_source is not None:  # wall-clock prompts: their frame is not known yet, but they must fit the frame
+        from .types import Prompt
+
+        for item in timed:
+            if isinstance(item.message, Prompt):
+                item.message.check_bounds(info.width, info.height, settings.source)
     out_dir = _prepare_out_dir(settings.out) if settings.out is not None else None
 
     options = dict(settings.tracker)
@@ -296,8 +302,10 @@ def run_demo(out: str = "out/demo", scene: str = "crossing", samples_dir: str | 
     report = run_track(settings)
     if not report.interrupted:
         score = score_against_gt(Path(out) / "masks", gt_dir)
-        if score is not None and not quiet:
-            print(f"mean IoU against the scene's ground truth: {score:.3f}", file=sys.stderr)
+        if not quiet:
+            print(f"sample video: {video} (try: vostream serve {video})", file=sys.stderr)
+            if score is not None:
+                print(f"mean IoU against the scene's ground truth: {score:.3f}", file=sys.stderr)
     return report
 
 
