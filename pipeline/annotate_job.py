@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from .errors import VostreamError
+from .run import run_warnings
 
 logger = logging.getLogger(__name__)
 
@@ -79,19 +80,6 @@ class JobResult:
         return cls(**data)
 
 
-def _warnings(report: Any) -> list[str]:
-    out = []
-    for node in report.metrics.as_dict().get("nodes", []):
-        extra = node.get("extra") or {}
-        if extra.get("corrupt_frames"):
-            out.append(f"{extra['corrupt_frames']} corrupt frame(s) skipped")
-        if extra.get("truncated"):
-            out.append("the source ended early; it looks truncated")
-        if extra.get("unapplied_prompts"):
-            out.append(f"{extra['unapplied_prompts']} prompt(s) for frames past the end")
-    return out
-
-
 class JobRunner:
     """Loads the tracker once (raises :class:`BackendError`/:class:`ConfigError` if it cannot) and runs jobs one
     at a time.  Not thread-safe: one thread calls :meth:`run`."""
@@ -140,7 +128,7 @@ class JobRunner:
                 progress(report.frames)
             wall = time.monotonic() - start
             result = JobResult(job.key, "done", report.frames, len(facts["objects"]), round(wall, 3),
-                               round(report.frames / wall, 2) if wall > 0 else 0.0, None, _warnings(report),
+                               round(report.frames / wall, 2) if wall > 0 else 0.0, None, run_warnings(report.metrics.as_dict()),
                                self.worker)
             stats = {k: v for k, v in result.to_dict().items() if k in ("frames", "objects", "wall_s", "fps",
                                                                          "warnings")}

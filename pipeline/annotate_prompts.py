@@ -19,6 +19,7 @@ import numpy as np
 
 from .annotate_inputs import VideoEntry, match_video
 from .errors import PromptError
+from .prompts import read_prompts_text
 from .types import Prompt
 
 logger = logging.getLogger(__name__)
@@ -40,12 +41,7 @@ class VideoPrompts:
 def load_batch_prompts(path: str | Path, entries: Sequence[VideoEntry]) -> dict[str, VideoPrompts]:
     """Parse the prompts file (``.csv`` → CSV, anything else → JSON) and map each video key to its prompts."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise PromptError(f"prompts file {str(p)!r}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptError(f"prompts file {str(p)!r}: cannot be read ({exc})") from exc
+    text = read_prompts_text(p)
     if p.suffix.lower() == ".csv":
         return _parse_csv(p, text, entries)
     return _parse_json(p, text, entries)

@@ -115,15 +115,21 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def load_prompts_file(path: str | Path) -> list[Any]:
-    """Parse a prompts JSON file into prompts and remove messages, validated (see the module docstring)."""
+def read_prompts_text(path: str | Path) -> str:
+    """The text of a prompts file (UTF-8, a BOM tolerated: spreadsheets write one), or a one-line PromptError."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise PromptError(f"prompts file {str(p)!r}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PromptError(f"prompts file {str(p)!r}: cannot be read ({exc})") from exc
+
+
+def load_prompts_file(path: str | Path) -> list[Any]:
+    """Parse a prompts JSON file into prompts and remove messages, validated (see the module docstring)."""
+    p = Path(path)
+    text = read_prompts_text(p)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -185,20 +185,27 @@ def write_summary(path: Path, facts: dict[str, Any], report: RunReport, error: s
     return summary
 
 
+def run_warnings(metrics: dict[str, Any]) -> list[str]:
+    """What a user should know about a finished run, from its metrics (``MetricsSnapshot.as_dict()``)."""
+    out = []
+    for node in metrics.get("nodes", []):
+        extra = node.get("extra") or {}
+        if extra.get("corrupt_frames"):
+            out.append(f"{extra['corrupt_frames']} corrupt frame(s) in the source were skipped")
+        if extra.get("truncated"):
+            out.append("the source ended early; it looks truncated (frames before the damage were used)")
+        if extra.get("unapplied_prompts"):
+            out.append(f"{extra['unapplied_prompts']} prompt(s) were for frames past the end of the source")
+    return out
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     lines = [f"{summary['frames']} frames in {summary['wall_s']:.2f} s ({summary['fps']:.1f} fps)"
              + (" — interrupted, outputs finalised" if summary["interrupted"] else "")]
     for node in summary["metrics"].get("nodes", []):
         lines.append(f"  {node['name']:<22} {node['frames_out']:6d} frames  p50 {node['latency_ms_p50']:7.2f} ms  "
                      f"p95 {node['latency_ms_p95']:7.2f} ms  drops {node['drops']}")
-    for node in summary["metrics"].get("nodes", []):
-        extra = node.get("extra") or {}
-        if extra.get("corrupt_frames"):
-            lines.append(f"warning: {extra['corrupt_frames']} corrupt frame(s) in the source were skipped")
-        if extra.get("truncated"):
-            lines.append("warning: the source ended early; it looks truncated (frames before the damage were used)")
-        if extra.get("unapplied_prompts"):
-            lines.append(f"warning: {extra['unapplied_prompts']} prompt(s) were for frames past the end of the source")
+    lines += [f"warning: {w}" for w in run_warnings(summary["metrics"])]
     lines.append(f"outputs in {summary['out']}")
     return "\n".join(lines)
 
