@@ -75,6 +75,7 @@ class ServerConfig:
     allow_origins: tuple[str, ...] = ()
     allow_hosts: tuple[str, ...] = ()
     allow_urls: tuple[str, ...] = ()
+    allow_exact_urls: tuple[str, ...] = ()  # `vostream serve rtsp://...`: exactly that URL (and no other) may open
     max_message_bytes: int = 64 * 1024
     max_rate: float = 100.0  # client messages per second (burst: 2 s worth)
     inflight: int = 2
@@ -465,7 +466,8 @@ class ViewerServer:
         self._broadcast_state(session)
 
     async def _open(self, client: _Client, msg: Open) -> None:
-        path, display = resolve_source(self.media_root, msg.source, self.config.allow_urls)
+        path, display = resolve_source(self.media_root, msg.source, self.config.allow_urls,
+                                       self.config.allow_exact_urls)
         owned = sum(1 for s in self.sessions.values() if not s.ended)
         if owned >= self.config.max_sessions and not (client.owner and client.session):
             raise ProtocolError("out_of_range", f"this server runs at most {self.config.max_sessions} sessions; "
@@ -568,6 +570,7 @@ class ViewerServer:
                     "inflight": cs["inflight"], "queues": {n.name: n.queue_depth for n in snap.nodes},
                     "server_ms": {"p50": viewer.latency_ms_p50 if viewer else 0.0,
                                   "p95": viewer.latency_ms_p95 if viewer else 0.0},
+                    **({"source": session.source_stats()} if session.live else {}),
                 })
 
 
@@ -728,7 +731,8 @@ def add_serve_parser(sub: Any, add_common: Any) -> None:
                        description="Serves the viewer (web/) and its WebSocket on one port; open the printed URL. "
                                    "docs/viewer.md has the details.")
     p.add_argument("source", nargs="?", help="video file or frames directory opened when the page loads "
-                                             "(must lie under --media-root; default root: its folder)")
+                                             "(must lie under --media-root; default root: its folder), or a "
+                                             "stream URL (rtsp://, http(s)://: that URL is allowed)")
     p.add_argument("--backend", default="classic", help="tracker backend (default classic)")
     p.add_argument("--model", metavar="DIR", help="model directory for neural backends")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need --token)")
@@ -747,9 +751,20 @@ def add_serve_parser(sub: Any, add_common: Any) -> None:
 
 
 def cmd_serve(args: Any) -> int:
+    logging.getLogger("vostream.pipeline.serve").setLevel(logging.INFO)
+    return run_server(serve_config(args))
+
+
+def serve_config(args: Any) -> ServerConfig:
+    """The :class:`ServerConfig` of ``vostream serve`` arguments.  A stream URL as SOURCE (``rtsp://...``) is
+    allowed exactly (``allow_exact_urls``), without allowing other URLs; a file or directory must exist and lie
+    under ``--media-root``.  Raises :class:`ConfigError`."""
     source = args.source
     root = args.media_root
-    if source is not None:
+    exact: tuple[str, ...] = ()
+    if source is not None and "://" in source:
+        exact = (source,)
+    elif source is not None:
         if not os.path.exists(source):
             raise ConfigError(f"no such file or directory: {source!r}")
         src_real = os.path.realpath(source)
@@ -761,13 +776,12 @@ def cmd_serve(args: Any) -> int:
     options: dict[str, Any] = {}
     if args.model:
         options["model"] = args.model
-    cfg = ServerConfig(host=args.host, port=args.port, media_root=root or ".", default_source=source,
-                       token=args.token, allow_origins=tuple(args.allow_origin), allow_urls=tuple(args.allow_url),
-                       session=SessionOptions(backend=args.backend, tracker_options=options,
-                                              max_objects=args.max_objects, fps=args.fps, out_dir=args.out))
-    logging.getLogger("vostream.pipeline.serve").setLevel(logging.INFO)
-    return run_server(cfg)
+    return ServerConfig(host=args.host, port=args.port, media_root=root or ".", default_source=source,
+                        token=args.token, allow_origins=tuple(args.allow_origin), allow_urls=tuple(args.allow_url),
+                        allow_exact_urls=exact,
+                        session=SessionOptions(backend=args.backend, tracker_options=options,
+                                               max_objects=args.max_objects, fps=args.fps, out_dir=args.out))
 
 
 __all__ = ["ServerConfig", "ServerThread", "ViewerServer", "add_serve_parser", "cmd_serve", "is_loopback",
-           "run_server"]
+           "run_server", "serve_config"]

@@ -9,6 +9,7 @@ inside the resolved root (no symlink escape).  A URL (``scheme://``) must start 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path, PurePosixPath
 
 from .serve_protocol import ProtocolError
@@ -17,12 +18,18 @@ VIDEO_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v", ".ts", ".mp
 _MAX_LISTED = 200
 
 
-def resolve_source(root: Path, requested: str, allow_urls: tuple[str, ...] = ()) -> tuple[str, str]:
+def display_url(url: str) -> str:
+    """``url`` as shown to clients and logs: no query string, no password (``user:***@``)."""
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url.split("?", 1)[0])
+
+
+def resolve_source(root: Path, requested: str, allow_urls: tuple[str, ...] = (),
+                   exact_urls: tuple[str, ...] = ()) -> tuple[str, str]:
     """``(path or URL to open, display name)`` for ``requested``, or :class:`ProtocolError` ``forbidden_path`` /
-    ``source_error`` (missing)."""
+    ``source_error`` (missing).  A URL must start with one of ``allow_urls`` or equal one of ``exact_urls``."""
     if "://" in requested:
-        if any(requested.startswith(prefix) for prefix in allow_urls):
-            return requested, requested.split("?", 1)[0]
+        if requested in exact_urls or any(requested.startswith(prefix) for prefix in allow_urls):
+            return requested, display_url(requested)
         raise ProtocolError("forbidden_path", "stream URLs are not allowed by this server; start it with "
                                               "--allow-url PREFIX to permit them", "open")
     if "\x00" in requested or "\\" in requested:
@@ -76,4 +83,4 @@ def list_sources(root: Path, depth: int = 2) -> list[str]:
     return sorted(out)[:_MAX_LISTED]
 
 
-__all__ = ["VIDEO_EXTENSIONS", "list_sources", "resolve_source"]
+__all__ = ["VIDEO_EXTENSIONS", "display_url", "list_sources", "resolve_source"]

@@ -42,7 +42,10 @@ class ControllableSource(Source[Frame]):
     """A file source under the viewer's control (see the module docstring).  ``factory(start)`` returns a new,
     opened inner source whose first frame is frame ``start``; frame indices are made absolute.
 
-    Live sources are passed through (``live`` True): play only, no pause/step/seek.
+    Live sources (``live`` True) start playing and are never paced (the feed paces itself).  Pause freezes the
+    display on the frame on screen while ``read()`` keeps draining the feed and dropping its frames (latency stays
+    bounded; the tracker sees the index gap when play resumes); step releases the newest frame; a prompt on the
+    frozen frame replays it like on a file.  No seek.
     """
 
     def __init__(self, factory: Callable[[int], Source[Frame]], first: Source[Frame], *, fps: float,
@@ -66,6 +69,7 @@ class ControllableSource(Source[Frame]):
         self._last: Frame | None = None
         self._next_due = 0.0
         self.index = -1  # last frame released
+        self.drained = 0  # live frames read and dropped while paused
 
     # -- controls (any thread) -----------------------------------------------------------------------------
     def play(self) -> None:
@@ -77,9 +81,8 @@ class ControllableSource(Source[Frame]):
 
     def pause(self) -> None:
         with self._cond:
-            if not self.live:
-                self.playing = False
-                self._budget = 0
+            self.playing = False
+            self._budget = 0
             self._cond.notify_all()
 
     def step(self) -> None:
@@ -131,11 +134,21 @@ class ControllableSource(Source[Frame]):
                         self._replay = False
                         return self._copy_last()
                     now = time.monotonic()
-                    if not self.ended and (self._budget > 0 or (self.playing and now >= self._next_due)):
+                    if not self.ended and (self._budget > 0 or (self.playing and (self.live or now >= self._next_due))):
                         target = None
+                        break
+                    if self.live:  # paused live feed: drain it (below), never let it queue up in the socket
+                        target = -1
                         break
                     wait = self._next_due - now if self.playing and not self.ended else 0.5
                     self._cond.wait(max(0.001, min(wait, 0.5)))
+            if target == -1:
+                dropped = self._inner.read() if self._inner is not None else None
+                if dropped is None:
+                    return None
+                with self._cond:
+                    self.drained += 1
+                continue
             if target is not None:
                 self._do_seek(target)
                 continue
@@ -186,7 +199,8 @@ class ControllableSource(Source[Frame]):
 
     def stats(self) -> dict[str, Any]:
         inner = self._inner.stats() if self._inner is not None else {}
-        return {**inner, "index": self.index, "playing": int(self.playing), "ended": int(self.ended)}
+        return {**inner, "index": self.index, "playing": int(self.playing), "ended": int(self.ended),
+                "paused_drops": self.drained}
 
 
 @dataclass
@@ -265,6 +279,9 @@ class Session:
             self.fps = self.options.fps
         self.control = ControllableSource(factory, first, fps=self.fps, length=self.frames, live=self.live,
                                           on_state=lambda: self.notify("state"))
+        supervisor = getattr(first, "supervisor", None)
+        if supervisor is not None:  # a live feed: its state changes (reconnecting, running, ...) reach the clients
+            supervisor.add_listener(lambda event: self.notify("state"))
         tracker = load_tracker(self.options.backend, **self.options.tracker_options)
         stages = [PreprocessStage(tracker.input_spec, ring=3 * self.options.queue_size + 8), TrackStage(tracker),
                   PostprocessStage()]
@@ -320,10 +337,10 @@ class Session:
         self._src().play()
 
     def pause(self) -> None:
-        self._file_only("pause").pause()
+        self._src().pause()  # live: freezes the display, the feed is drained meanwhile
 
     def step(self) -> None:
-        self._file_only("step").step()
+        self._src().step()
 
     def seek(self, frame: int) -> None:
         src = self._file_only("seek")
@@ -341,7 +358,7 @@ class Session:
     def _target_frame(self, requested: int) -> tuple[int, bool]:
         """The frame a control lands on and whether the paused frame must be replayed."""
         src = self._src()
-        paused = not src.playing and not src.live
+        paused = not src.playing
         if paused:
             return max(src.index, 0), src.index >= 0
         return requested, False
@@ -412,9 +429,23 @@ class Session:
         src = self.control
         with self._lock:
             objects = sorted(self.objects)
-        return {"t": "state", "playing": bool(src and src.playing), "ended": bool(src and src.ended),
-                "index": src.index if src else -1, "frames": self.frames, "objects": objects,
-                "watchers": max(0, len(self.hub) - 1)}
+        out = {"t": "state", "playing": bool(src and src.playing), "ended": bool(src and src.ended),
+               "index": src.index if src else -1, "frames": self.frames, "objects": objects,
+               "watchers": max(0, len(self.hub) - 1)}
+        if self.live:
+            out["source"] = self.source_stats()
+        return out
+
+    def source_stats(self) -> dict[str, Any]:
+        """A live feed's supervisor figures (``docs/live.md``): ``state`` (connecting, running, stalled,
+        reconnecting, ended), ``reconnects``, ``disconnects``, ``stalls``, ``frames``, ``paused_drops``; ``{}`` for
+        files."""
+        src = self.control
+        if src is None or not self.live:
+            return {}
+        stats = src.stats()
+        return {k: stats[k] for k in ("state", "reconnects", "disconnects", "stalls", "frames", "paused_drops")
+                if k in stats}
 
     def opened(self, watcher: bool) -> dict[str, Any]:
         return {"t": "opened", "session": self.id, "source": self.display, "width": self.width,

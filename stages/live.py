@@ -380,6 +380,7 @@ class LiveSource(Source[Frame]):
         self._next_index = 0  # lower bound for the next frame's index
         self.last_index = -1
         self._last_frame_time: float | None = None  # wall clock of the last frame delivered
+        self.first_frame_time: float | None = None  # capture time of frame 0 (live prompts count from it)
         self._index_skipped = 0  # indices skipped by the time rule (gaps, reconnects)
         self._returned_at: float | None = None  # monotonic time read() last returned
         self._blocked_s = 0.0
@@ -499,6 +500,7 @@ class LiveSource(Source[Frame]):
             # First frame of a connection: advance by the time the feed was away (>= 1).
             if self._last_frame_time is None:
                 index = 0
+                self.first_frame_time = now
             else:
                 gap = max(0.0, now - self._last_frame_time)
                 index = max(self._next_index, self.last_index + max(1, round(gap * fps)))
@@ -693,7 +695,7 @@ def load_live_prompts(path: str | os.PathLike[str]) -> tuple[list[Any], list[Tim
         if (after is None) == (at is None) or "frame" in entry:
             raise PromptError(f"{where}: give one trigger: 'frame', 'after_s' or 'at'")
         value = after if after is not None else at
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
             raise PromptError(f"{where}: the trigger must be a number of seconds >= 0, got {value!r}")
         for message in prompts_from_dicts([entry], where, Path(base)):
             timed.append(TimedPrompt(message, float(after) if after is not None else None,
@@ -704,15 +706,29 @@ def load_live_prompts(path: str | os.PathLike[str]) -> tuple[list[Any], list[Tim
 class PromptTimer:
     """Sends :class:`TimedPrompt` messages into a running pipeline when their trigger fires.
 
-    The message's frame index is set to the next frame the source will deliver (``source.last_index + 1``), so
-    the track stage applies it to the first frame after the trigger.  One daemon thread; :meth:`close` stops and
-    joins it (idempotent).  ``after_s`` counts from the source's first frame."""
+    ``after_s`` counts from the source's first frame (``source.first_frame_time``, its capture time), so the time
+    spent connecting or loading the tracker does not eat into it; nothing is sent before the first frame.  ``at``
+    is an epoch time (``clock()``); one already past fires with the first frame.  Prompts due at the same time are
+    sent in trigger order (stable for equal times).  Each message's frame index is set to the next frame the source
+    will deliver (``source.last_index + 1``), so the track stage applies it to the first frame after the trigger
+    (a dropped frame: the next tracked one, counted as a late prompt).
 
-    def __init__(self, send: Callable[[Any], Any], source: LiveSource, prompts: list[TimedPrompt]) -> None:
+    :meth:`poll` does the work for one instant and may be driven by hand with a manual clock (tests); :meth:`start`
+    runs it on one daemon thread until every prompt is sent or :meth:`close` (idempotent; stops and joins the
+    thread).  ``send`` is called from that thread; an exception from it is logged and the prompt counted in
+    ``failed``.
+    """
+
+    def __init__(self, send: Callable[[Any], Any], source: Any, prompts: list[TimedPrompt], *,
+                 clock: Callable[[], float] = time.time, poll_s: float = 0.02) -> None:
         self.send = send
         self.source = source
-        self.prompts = sorted(prompts, key=lambda t: (t.at or 0.0, t.after_s or 0.0))
+        self.clock = clock
+        self.poll_s = poll_s
+        self.pending = list(prompts)
         self.sent = 0
+        self.failed = 0
+        self.started: float | None = None  # the first frame's time, once seen
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vostream-prompt-timer", daemon=True)
 
@@ -720,29 +736,53 @@ class PromptTimer:
         self._thread.start()
         return self
 
-    def _due(self, item: TimedPrompt, started: float) -> float:
-        return item.at if item.at is not None else started + (item.after_s or 0.0)
+    def due(self, item: TimedPrompt) -> float | None:
+        """When ``item`` fires (``clock()`` seconds), or ``None`` while ``after_s`` waits for the first frame."""
+        if item.at is not None:
+            return item.at
+        return None if self.started is None else self.started + (item.after_s or 0.0)
+
+    def poll(self, now: float | None = None) -> float | None:
+        """Send every prompt due at ``now`` (default ``clock()``); the next due time, ``None`` when none is left.
+        Before the source's first frame nothing is due (the next due time is then ``now``: poll again soon)."""
+        now = self.clock() if now is None else now
+        if self.started is None:
+            if getattr(self.source, "last_index", -1) < 0:
+                return now if self.pending else None
+            first = getattr(self.source, "first_frame_time", None)
+            self.started = float(first) if first is not None else now
+        timed = [(self.due(t), k, t) for k, t in enumerate(self.pending)]
+        ready = sorted((d, k) for d, k, _ in timed if d is not None and d <= now)
+        for _, k in ready:
+            self._fire(self.pending[k])
+        done = {k for _, k in ready}
+        self.pending = [t for k, t in enumerate(self.pending) if k not in done]
+        nxt = [self.due(t) for t in self.pending]
+        return min((d for d in nxt if d is not None), default=None)
+
+    def _fire(self, item: TimedPrompt) -> None:
+        msg = item.message
+        index = max(0, int(getattr(self.source, "last_index", -1)) + 1)
+        try:
+            msg = dataclasses.replace(msg, frame_index=index)
+        except (TypeError, ValueError):  # not a dataclass with a frame index: keep it as it is
+            logger.debug("could not re-index %r", msg)
+        try:
+            self.send(msg)
+        except Exception:  # noqa: BLE001 - a failed send (pipeline gone) must not kill the timer thread
+            self.failed += 1
+            logger.exception("could not send a timed prompt (%s)", type(msg).__name__)
+            return
+        self.sent += 1
+        logger.info("sent a timed prompt (%s) for frame %d", type(msg).__name__, index)
 
     def _run(self) -> None:
-        started = time.time()
-        pending = list(self.prompts)
-        while pending and not self._stop.is_set():
-            now = time.time()
-            ready = [t for t in pending if self._due(t, started) <= now]
-            for item in ready:
-                pending.remove(item)
-                msg = item.message
-                index = max(0, self.source.last_index + 1)
-                try:
-                    msg = dataclasses.replace(msg, frame_index=index)
-                except Exception:  # noqa: BLE001 - keep the message as it is
-                    logger.debug("could not re-index %r", msg)
-                self.send(msg)
-                self.sent += 1
-                logger.info("sent a timed prompt (%s) for frame %d", type(msg).__name__, index)
-            if pending:
-                nxt = min(self._due(t, started) for t in pending)
-                self._stop.wait(min(0.5, max(0.01, nxt - time.time())))
+        while self.pending and not self._stop.is_set():
+            nxt = self.poll()
+            if nxt is None and not self.pending:
+                break
+            wait = self.poll_s if nxt is None or self.started is None else nxt - self.clock()
+            self._stop.wait(min(0.5, max(0.005, wait)))
 
     def close(self) -> None:
         self._stop.set()
