@@ -470,6 +470,8 @@ class Pipeline:
             self._end_node(node, source)
 
     def _deliver_controls(self, node: _Node, stage: Stage[Any, Any]) -> None:
+        if not node.controls:  # per-item fast path without the pipeline lock (a deque's length is atomic)
+            return
         while True:
             with self._lock:
                 if not node.controls:
