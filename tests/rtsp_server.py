@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 #: Debian's interpreter: the only one with python3-gi
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -104,6 +105,15 @@ class RtspServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def serving(clip: Path) -> Iterator[RtspServer]:
+    """A fixture body: ``clip`` served at rtsp://127.0.0.1:<free port>/live, killed on teardown whatever happened."""
+    server = RtspServer(clip)
+    try:
+        yield server.start()
+    finally:
+        server.close()
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import av
 import numpy as np
 import pytest
-from rtsp_server import RtspServer, server_available
+from rtsp_server import RtspServer, serving, server_available
 
 from media import media_dir
 from vostream.pipeline import Pipeline
@@ -60,11 +60,7 @@ def scene_clip() -> Path:
 @pytest.fixture
 def rtsp_server() -> Iterator[RtspServer]:
     """The scene served at rtsp://127.0.0.1:<free port>/live; killed on teardown, whatever happened."""
-    server = RtspServer(scene_clip())
-    try:
-        yield server.start()
-    finally:
-        server.close()
+    yield from serving(scene_clip())
 
 
 def rss() -> int:

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 from PIL import Image
-from rtsp_server import RtspServer, server_available
+from rtsp_server import RtspServer, serving, server_available
 
 from media import media_dir
 from test_live import write_clip
@@ -49,11 +49,7 @@ def scene_clip() -> Path:
 
 @pytest.fixture
 def rtsp_server() -> Iterator[RtspServer]:
-    server = RtspServer(scene_clip())
-    try:
-        yield server.start()
-    finally:
-        server.close()
+    yield from serving(scene_clip())
 
 
 def write_prompts(path: Path, entries: Any) -> Path:

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import cv2
 import numpy as np
 import pytest
-from rtsp_server import RtspServer, server_available
+from rtsp_server import RtspServer, serving, server_available
 from websockets.sync.client import connect
 
 from test_live import scene, scene_clip
@@ -30,11 +30,7 @@ needs_server = pytest.mark.skipif(server_available() is not None, reason=str(ser
 
 @pytest.fixture
 def rtsp_server() -> Iterator[RtspServer]:
-    server = RtspServer(scene_clip())
-    try:
-        yield server.start()
-    finally:
-        server.close()
+    yield from serving(scene_clip())
 
 
 def interior_point(mask: np.ndarray) -> list[int]:
