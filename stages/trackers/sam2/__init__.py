@@ -1,0 +1,4 @@
+"""SAM-2-family trackers (SAM 2.1, EdgeTAM, the SAM 3 tracker) on ONNX Runtime (``onnx``) and AscendCL (``acl``).
+
+See ``docs/sam2-backend.md``.  Nothing here imports torch; ``onnxruntime`` and ``acl`` are imported lazily.
+"""

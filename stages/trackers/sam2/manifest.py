@@ -1,0 +1,143 @@
+"""``manifest.json`` of a vostream SAM-2-family export: what the graphs are and how to drive them.
+
+Written by ``vostream export`` (:mod:`.export`), read by every runtime.  The format is versioned: a reader refuses a
+manifest from a newer format with a clear "upgrade vostream" error instead of misreading it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vostream.pipeline.errors import ConfigError
+
+FORMAT = "vostream-sam2-export"
+FORMAT_VERSION = 1
+FAMILIES = ("sam2", "edgetam", "sam3_tracker")
+GRAPHS = ("image_encoder", "memory_attention", "decoder", "memory_encoder")
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output.  ``shape`` entries are ints, or strings for dynamic axes (e.g. ``"K"``)."""
+
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: str
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TensorSpec:
+        return cls(str(d["name"]), tuple(d["shape"]), str(d["dtype"]))
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    name: str
+    file: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @classmethod
+    def from_json(cls, name: str, d: dict[str, Any]) -> GraphSpec:
+        return cls(name, str(d["file"]), tuple(TensorSpec.from_json(t) for t in d["inputs"]),
+                   tuple(TensorSpec.from_json(t) for t in d["outputs"]))
+
+    def input(self, name: str) -> TensorSpec:
+        return next(t for t in self.inputs if t.name == name)
+
+    def output(self, name: str) -> TensorSpec:
+        return next(t for t in self.outputs if t.name == name)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything a runtime and the streaming session need to know about an export."""
+
+    family: str
+    image_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    grid: int                      # g: top-level feature grid (S/16, or S/14 for SAM 3)
+    hidden_dim: int                # D
+    mem_dim: int                   # M
+    tokens_per_slot: int           # T
+    mask_size: int                 # P = 4g, low-res mask logits
+    cond_slots: int                # C
+    recent_slots: int              # N = num_maskmem - 1
+    pointer_slots: int             # Q = C + max_object_pointers - 1
+    max_object_pointers: int       # 16: pointers are normalised by (this - 1)
+    num_maskmem: int               # 7
+    algorithm: dict[str, Any]      # multimask rules, stability, binarize policy, ...
+    graphs: dict[str, GraphSpec]
+    dtype: str = "float32"
+    opset: int = 17
+    source: dict[str, Any] = field(default_factory=dict)
+    verify: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    vostream_version: str = ""
+
+    @property
+    def key_slots(self) -> int:
+        return self.cond_slots + self.recent_slots
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["format"] = FORMAT
+        d["graphs"] = {name: {"file": g.file, "inputs": [asdict(t) for t in g.inputs],
+                              "outputs": [asdict(t) for t in g.outputs]} for name, g in self.graphs.items()}
+        return d
+
+    def write(self, out_dir: Path) -> Path:
+        path = Path(out_dir) / MANIFEST_NAME
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        return path
+
+
+def load_manifest(model_dir: str | Path) -> Manifest:
+    """Read and validate ``model_dir/manifest.json``.  Raises :class:`ConfigError` with a one-line reason."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ConfigError(f"model directory {model_dir} not found; run 'vostream export MODEL --out {model_dir}' "
+                          "first")
+    path = model_dir / MANIFEST_NAME
+    if not path.is_file():
+        raise ConfigError(f"{model_dir} is not a vostream export: no {MANIFEST_NAME} (make one with "
+                          f"'vostream export MODEL --out {model_dir}')")
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the manifest: {exc}") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise ConfigError(f"{path} is not a vostream SAM-2 export manifest (format {d.get('format') if isinstance(d, dict) else None!r})")
+    version = d.get("format_version")
+    if not isinstance(version, int):
+        raise ConfigError(f"{path}: format_version missing or not an integer")
+    if version > FORMAT_VERSION:
+        raise ConfigError(f"{path} was written by vostream {d.get('vostream_version') or '?'} (format {version}); "
+                          f"this vostream reads format <= {FORMAT_VERSION}: upgrade vostream")
+    try:
+        graphs = {name: GraphSpec.from_json(name, g) for name, g in d["graphs"].items()}
+        m = Manifest(
+            family=str(d["family"]), image_size=int(d["image_size"]), mean=tuple(map(float, d["mean"])),  # type: ignore[arg-type]
+            std=tuple(map(float, d["std"])), grid=int(d["grid"]), hidden_dim=int(d["hidden_dim"]),  # type: ignore[arg-type]
+            mem_dim=int(d["mem_dim"]), tokens_per_slot=int(d["tokens_per_slot"]), mask_size=int(d["mask_size"]),
+            cond_slots=int(d["cond_slots"]), recent_slots=int(d["recent_slots"]),
+            pointer_slots=int(d["pointer_slots"]), max_object_pointers=int(d["max_object_pointers"]),
+            num_maskmem=int(d["num_maskmem"]), algorithm=dict(d["algorithm"]), graphs=graphs,
+            dtype=str(d.get("dtype", "float32")), opset=int(d.get("opset", 17)), source=dict(d.get("source", {})),
+            verify=dict(d.get("verify", {})), format_version=version, vostream_version=str(d.get("vostream_version", "")))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from None
+    if m.family not in FAMILIES:
+        raise ConfigError(f"{path}: unsupported family {m.family!r}; supported: {', '.join(FAMILIES)}")
+    missing = [g for g in GRAPHS if g not in graphs]
+    if missing:
+        raise ConfigError(f"{path}: graphs missing from the manifest: {', '.join(missing)}")
+    return m
+
+
+__all__ = ["FAMILIES", "FORMAT", "FORMAT_VERSION", "GRAPHS", "GraphSpec", "MANIFEST_NAME", "Manifest", "TensorSpec",
+           "load_manifest"]
