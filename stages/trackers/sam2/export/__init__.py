@@ -1,0 +1,300 @@
+"""``vostream export``: a transformers SAM-2-family checkpoint -> four ONNX graphs + ``manifest.json``.
+
+Needs the ``[export]`` extra (torch, transformers >= 5, onnx, onnxruntime); nothing else in vostream imports it.
+Every graph is checked against its PyTorch wrapper on random inputs with ONNX Runtime before the export directory
+appears: the graphs are written to a temporary sibling directory that is renamed at the end, so a failed export
+leaves nothing half-written.  Design: ``docs/sam2-backend.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vostream.pipeline.errors import BackendError, ConfigError
+
+from ..manifest import FORMAT_VERSION, MANIFEST_NAME, GraphSpec, Manifest, TensorSpec
+from .families import Family, family_for
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_OPSET = 17
+#: verification tolerance for fp32 graphs: max |onnx - torch| <= TOL * max(1, max |torch|)
+TOL = 1e-4
+
+
+def _require_export_deps() -> tuple[Any, Any]:
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise ConfigError(f"vostream export needs PyTorch and transformers ({exc.name} is missing): "
+                          "pip install torch==2.13.0 && pip install 'vostream[export]'") from None
+    major = int(transformers.__version__.split(".")[0])
+    if major < 5:
+        raise ConfigError(f"vostream export needs transformers >= 5 (installed {transformers.__version__}): "
+                          "pip install -U 'transformers>=5'")
+    return torch, transformers
+
+
+def _read_json(model: str, name: str) -> dict[str, Any] | None:
+    """``name`` from a local checkpoint directory, or from the hub cache/hub; None when unavailable."""
+    local = Path(model) / name
+    if local.is_file():
+        try:
+            return dict(json.loads(local.read_text()))
+        except (OSError, ValueError):
+            return None
+    if Path(model).exists():
+        return None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return dict(json.loads(Path(hf_hub_download(model, name)).read_text()))
+    except Exception:  # noqa: BLE001 - optional metadata (no network, no file): fall back to family defaults
+        return None
+
+
+def load_checkpoint(model: str) -> tuple[Any, Family, dict[str, Any]]:
+    """Load ``model`` (hub id or ``save_pretrained`` directory) as its family's video model, in eval mode, fp32."""
+    torch, transformers = _require_export_deps()
+    config_json = _read_json(model, "config.json")
+    if config_json is None:
+        where = f"{model}: no config.json" if Path(model).exists() else \
+            f"{model!r} is neither a local directory nor a reachable Hugging Face hub id"
+        raise ConfigError(f"cannot load checkpoint: {where}")
+    family = family_for(config_json.get("model_type"), str(model))
+    cls = getattr(transformers, family.model_class)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            net = cls.from_pretrained(model, torch_dtype=torch.float32)
+    except Exception as exc:  # noqa: BLE001 - any loader failure becomes one line
+        raise ConfigError(f"cannot load {model} as {family.model_class}: {type(exc).__name__}: {exc}") from exc
+    net.eval()
+    return net, family, config_json
+
+
+def _onnx_export(torch: Any, module: Any, args: tuple[Any, ...], path: Path, inputs: list[str], outputs: list[str],
+                 opset: int, dynamic: dict[str, dict[int, str]] | None = None) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs, opset_version=opset,
+                          dynamo=False, dynamic_axes=dynamic or None, do_constant_folding=True)
+
+
+def _dtype_name(t: Any) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _specs(names: list[str], tensors: tuple[Any, ...], dynamic: dict[str, dict[int, str]] | None = None
+           ) -> tuple[TensorSpec, ...]:
+    out = []
+    for name, t in zip(names, tensors):
+        shape: list[int | str] = list(t.shape)
+        for axis, label in (dynamic or {}).get(name, {}).items():
+            shape[axis] = label
+        out.append(TensorSpec(name, tuple(shape), _dtype_name(t)))
+    return tuple(out)
+
+
+def _verify(graph: str, path: Path, module: Any, feeds_list: list[tuple[Any, ...]], in_names: list[str],
+            out_names: list[str], torch: Any, rel: dict[str, float] | None = None) -> dict[str, float]:
+    """Run the ONNX file with ONNX Runtime (CPU) on each feed and compare with the torch module.
+
+    ``rel``: per-output relative tolerance for outputs rounded to bfloat16 in the graph, where a 1e-7 difference
+    before the rounding can move a value by one bf16 step (2**-8 relative)."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+
+    try:
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001
+        raise BackendError(f"graph {graph}: the exported file does not load in ONNX Runtime: {exc}") from exc
+    worst: dict[str, float] = {n: 0.0 for n in out_names}
+    for args in feeds_list:
+        with torch.no_grad():
+            ref = module(*args)
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        got = sess.run(out_names, {n: a.numpy() for n, a in zip(in_names, args)})
+        for name, r, g in zip(out_names, ref, got):
+            r = r.numpy()
+            if r.shape != g.shape:
+                raise BackendError(f"graph {graph}: output {name} has shape {g.shape} in ONNX, {r.shape} in torch")
+            err = np.abs(r.astype(np.float64) - g)
+            diff = float(np.max(err)) if r.size else 0.0
+            bound = TOL * max(1.0, float(np.max(np.abs(r))) if r.size else 0.0)
+            if rel and name in rel:
+                over = err > np.maximum(bound, rel[name] * np.abs(r))
+                ok = not bool(np.any(over))
+            else:
+                ok = diff <= bound
+            if not ok:
+                raise BackendError(f"graph {graph}: max |onnx - torch| {diff:.3g} > {bound:.3g} on output {name}; "
+                                   "the export is not faithful (try another --opset)")
+            worst[name] = max(worst[name], diff)
+    return worst
+
+
+def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET, cond_slots: int | None = None,
+                 overwrite: bool = False, progress: Callable[[str], None] | None = None) -> Manifest:
+    """Export ``model`` into ``out_dir``; returns the manifest.  Raises ConfigError / BackendError."""
+    say = progress or (lambda msg: logger.info("%s", msg))
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not (out_dir / MANIFEST_NAME).is_file():
+            raise ConfigError(f"{out_dir} exists and is not a vostream export; choose an empty or new directory")
+        if not overwrite:
+            raise ConfigError(f"{out_dir} already holds an export; pass --force to replace it")
+    if opset < 17:
+        raise ConfigError(f"--opset {opset}: the graphs need opset >= 17 (LayerNormalization)")
+    torch, transformers = _require_export_deps()
+    t_start = time.perf_counter()
+    say(f"loading {model}")
+    net, family, config_json = load_checkpoint(model)
+    from .wrappers import DecoderGraph, ImageEncoderGraph, MemoryAttentionGraph, MemoryEncoderGraph, top_grid
+
+    cfg = net.config
+    S = int(cfg.image_size)
+    g = top_grid(net)
+    D, M = int(net.hidden_dim), int(net.mem_dim)
+    P = int(net.prompt_encoder.mask_input_size[0])
+    C = int(cond_slots or family.cond_slots)
+    max_cond = int(getattr(cfg, "max_cond_frame_num", -1))
+    if max_cond > 0:
+        C = min(C, max_cond) if cond_slots is None else C
+    if C < 1:
+        raise ConfigError(f"--cond-slots must be >= 1, got {C}")
+    N = int(cfg.num_maskmem) - 1
+    L = C + N
+    max_ptrs = int(cfg.max_object_pointers_in_encoder)
+    Q = C + max_ptrs - 1
+    pre = _read_json(model, "preprocessor_config.json") or {}
+    mean = tuple(float(v) for v in pre.get("image_mean", family.mean))
+    std = tuple(float(v) for v in pre.get("image_std", family.std))
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        gen = torch.Generator().manual_seed(0)
+
+        def rnd(*shape: int, scale: float = 1.0) -> Any:
+            return torch.randn(*shape, generator=gen) * scale
+
+        graphs: dict[str, GraphSpec] = {}
+        verify: dict[str, Any] = {}
+
+        def do(name: str, module: Any, args_list: list[tuple[Any, ...]], in_names: list[str], out_names: list[str],
+               dynamic: dict[str, dict[int, str]] | None = None, rel: dict[str, float] | None = None
+               ) -> tuple[Any, ...]:
+            t0 = time.perf_counter()
+            path = tmp / f"{name}.onnx"
+            module.eval()
+            with torch.no_grad():
+                outs = module(*args_list[0])
+                _onnx_export(torch, module, args_list[0], path, in_names, out_names, opset, dynamic)
+            diffs = _verify(name, path, module, args_list, in_names, out_names, torch, rel)
+            graphs[name] = GraphSpec(name, path.name, _specs(in_names, args_list[0], dynamic),
+                                     _specs(out_names, outs, dynamic))
+            verify[name] = {"max_abs_diff": diffs, "export_s": round(time.perf_counter() - t0, 2)}
+            say(f"  {name}: exported and verified in {time.perf_counter() - t0:.1f} s "
+                f"(max |diff| {max(diffs.values()):.2g})")
+            return outs if isinstance(outs, tuple) else (outs,)
+
+        ie = ImageEncoderGraph(net)
+        images = [(rnd(1, 3, S, S),), (rnd(1, 3, S, S),)]
+        s0, s1, feat, nomem, fmap = do("image_encoder", ie, images, ["image"],
+                                       ["feat_s0", "feat_s1", "feat", "feat_nomem", "feat_map"])
+
+        ma = MemoryAttentionGraph(net, family, S, L, Q)
+        T = int(ma.mem_pos.shape[0])
+
+        def ma_args(n_valid: int, n_ptr: int) -> tuple[Any, ...]:
+            tpos = torch.tensor([N] * C + list(range(N)), dtype=torch.int64)
+            sv = torch.zeros(L)
+            sv[:n_valid] = 1
+            pv = torch.zeros(Q)
+            pv[:n_ptr] = 1
+            return (feat, rnd(L, T, M), tpos, sv, rnd(Q, D), torch.arange(1, Q + 1, dtype=torch.float32), pv)
+
+        do("memory_attention", ma, [ma_args(L, Q), ma_args(1, 1), ma_args(C + 2, 5)],
+           ["feat", "bank", "slot_tpos", "slot_valid", "ptrs", "ptr_tdiff", "ptr_valid"], ["pix_feat"])
+
+        de = DecoderGraph(net)
+        pts = torch.tensor([[[S * 0.3, S * 0.4], [S * 0.6, S * 0.7], [0.0, 0.0]]])
+        lbl = torch.tensor([[1, 0, -1]], dtype=torch.int32)
+        mprompt = (rnd(1, 1, S, S) > 0).to(torch.float32)
+        dec_args = [(nomem, s0, s1, pts, lbl, torch.zeros(1, 1, S, S), torch.zeros(1)),
+                    (fmap, s0, s1, torch.zeros(1, 1, 2), -torch.ones(1, 1, dtype=torch.int32), mprompt, torch.ones(1))]
+        dyn = {"points": {1: "K"}, "labels": {1: "K"}}
+        masks, iou, score, obj_ptrs = do("decoder", de, dec_args,
+                                         ["pix_feat", "feat_s0", "feat_s1", "points", "labels", "mask_prompt",
+                                          "has_mask"], ["low_res_masks", "iou", "object_score", "obj_ptrs"], dyn)
+
+        me = MemoryEncoderGraph(net, family, S)
+        one = torch.ones(1)
+        i64 = lambda v: torch.tensor([v], dtype=torch.int64)  # noqa: E731
+        me_args = [(feat, masks, obj_ptrs, torch.tensor([[0.7]]), mprompt, i64(1), i64(1), torch.zeros(1), one),
+                   (feat, masks, obj_ptrs, torch.tensor([[-0.7]]), mprompt, i64(0), i64(0), torch.zeros(1),
+                    torch.zeros(1)),
+                   (feat, masks, obj_ptrs, torch.tensor([[0.7]]), mprompt, i64(2), i64(3), one, one)]
+        do("memory_encoder", me, me_args,
+           ["feat", "low_res_masks", "obj_ptrs", "object_score", "mask_prompt", "plane", "token", "use_mask_prompt",
+            "binarize"], ["maskmem", "obj_ptr"], rel={"maskmem": 2.0 ** -7} if family.bank_bf16 else None)
+
+        md = net.mask_decoder
+        algorithm = {
+            "multimask_output_in_sam": bool(cfg.multimask_output_in_sam),
+            "multimask_output_for_tracking": bool(cfg.multimask_output_for_tracking),
+            "multimask_min_pt_num": int(cfg.multimask_min_pt_num),
+            "multimask_max_pt_num": int(cfg.multimask_max_pt_num),
+            "dynamic_multimask_via_stability": bool(md.dynamic_multimask_via_stability),
+            "stability_delta": float(md.dynamic_multimask_stability_delta),
+            "stability_thresh": float(md.dynamic_multimask_stability_thresh),
+            "batch_binarize": family.batch_binarize,
+            "max_cond_frame_num": max_cond,
+            "ptr_temporal_encoding": bool(cfg.enable_temporal_pos_encoding_for_object_pointers),
+            "no_obj_score": -1024.0,
+            "mask_prompt_scale": 20.0, "mask_prompt_bias": -10.0,
+        }
+        try:
+            from importlib.metadata import version
+
+            vs_version = version("vostream")
+        except Exception:  # noqa: BLE001
+            vs_version = "unknown"
+        import onnx
+        import onnxruntime
+
+        manifest = Manifest(
+            family=family.name, image_size=S, mean=mean, std=std, grid=g, hidden_dim=D, mem_dim=M,  # type: ignore[arg-type]
+            tokens_per_slot=T, mask_size=P, cond_slots=C, recent_slots=N, pointer_slots=Q,
+            max_object_pointers=max_ptrs, num_maskmem=int(cfg.num_maskmem), algorithm=algorithm, graphs=graphs,
+            dtype="float32", opset=opset,
+            source={"model": str(model), "model_type": config_json.get("model_type"), "class": family.model_class,
+                    "parameters": int(sum(p.numel() for p in net.parameters())),
+                    "torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
+                    "onnxruntime": onnxruntime.__version__},
+            verify=verify, format_version=FORMAT_VERSION, vostream_version=vs_version)
+        manifest.write(tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say(f"wrote {out_dir} ({family.name}, {S}px, C={C} N={N} Q={Q}) in {time.perf_counter() - t_start:.1f} s")
+    return manifest
+
+
+__all__ = ["DEFAULT_OPSET", "TOL", "export_model", "load_checkpoint"]
