@@ -2,3 +2,114 @@
 
 See ``docs/sam2-backend.md``.  Nothing here imports torch; ``onnxruntime`` and ``acl`` are imported lazily.
 """
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vostream.pipeline.errors import ConfigError
+from vostream.pipeline.types import Frame, Prompt, TrackResult
+
+from ..base import InputSpec, Tracker, TrackerSession
+from .manifest import Manifest, load_manifest
+from .runtime import Runtime
+from .session import Sam2Session
+
+
+class _LockedSession(TrackerSession):
+    """A :class:`Sam2Session` on a runtime shared by every session of one tracker: calls take the tracker's lock
+    (a runtime is driven by one thread at a time)."""
+
+    def __init__(self, inner: Sam2Session, lock: threading.Lock) -> None:
+        self.inner = inner
+        self.lock = lock
+
+    def add_prompt(self, prompt: Prompt) -> None:
+        self.inner.add_prompt(prompt)
+
+    def remove_object(self, obj_id: int) -> None:
+        with self.lock:
+            self.inner.remove_object(obj_id)
+
+    def step(self, frame: Frame) -> TrackResult:
+        with self.lock:
+            return self.inner.step(frame)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.inner.reset()
+
+    @property
+    def object_ids(self) -> list[int]:
+        return self.inner.object_ids
+
+    def close(self) -> None:
+        with self.lock:
+            self.inner.close()
+
+    @property
+    def stats(self) -> Any:
+        return self.inner.stats
+
+
+class Sam2Tracker(Tracker):
+    """A SAM-2-family export (``vostream export``) on a :class:`Runtime`.  The graphs are loaded once; every
+    session allocates its own buffers (memory banks) on the shared runtime."""
+
+    name = "sam2"
+
+    def __init__(self, model: str | Path, runtime: Runtime) -> None:
+        if model is None:
+            raise ConfigError("this backend needs --model DIR (a directory written by 'vostream export')")
+        self.model_dir = Path(model)
+        self.manifest: Manifest = load_manifest(self.model_dir)
+        t0 = time.perf_counter()
+        self.runtime = runtime
+        try:
+            runtime.load(self.manifest, self.model_dir)
+        except BaseException:
+            runtime.close()
+            raise
+        self.load_s = time.perf_counter() - t0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def input_spec(self, src_w: int, src_h: int) -> InputSpec:
+        m = self.manifest
+        return InputSpec(width=m.image_size, height=m.image_size, resize="stretch", mean=m.mean, std=m.std,
+                         layout="NCHW", dtype="float32")
+
+    def new_session(self) -> TrackerSession:
+        with self._lock:
+            inner = Sam2Session(self.runtime, self.manifest)
+        return _LockedSession(inner, self._lock)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            self.runtime.close()
+
+
+def OnnxTracker(model: str | Path | None = None, provider: str = "cpu", threads: int | None = None,
+                device_id: int = 0, **options: Any) -> Sam2Tracker:
+    """Backend ``onnx``: ONNX Runtime on CPU (default), CUDA or TensorRT."""
+    if options:
+        raise ConfigError(f"onnx backend: unknown option(s) {', '.join(sorted(options))}; known: model, provider, "
+                          "threads, device_id")
+    if model is None:
+        raise ConfigError("--backend onnx needs --model DIR (a directory written by 'vostream export')")
+    from .ort_runtime import OrtRuntime
+
+    load_manifest(model)  # a clear error for a bad directory before any runtime starts
+    return Sam2Tracker(model, OrtRuntime(providers=[provider], device_id=device_id, threads=threads))
+
+
+RuntimeFactory = Callable[[], Runtime]
+
+__all__ = ["OnnxTracker", "Sam2Session", "Sam2Tracker"]

@@ -202,6 +202,8 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
             module.eval()
             with torch.no_grad():
                 outs = module(*args_list[0])
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            with torch.no_grad():
                 _onnx_export(torch, module, args_list[0], path, in_names, out_names, opset, dynamic)
             diffs = _verify(name, path, module, args_list, in_names, out_names, torch, rel)
             graphs[name] = GraphSpec(name, path.name, _specs(in_names, args_list[0], dynamic),
@@ -209,7 +211,7 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
             verify[name] = {"max_abs_diff": diffs, "export_s": round(time.perf_counter() - t0, 2)}
             say(f"  {name}: exported and verified in {time.perf_counter() - t0:.1f} s "
                 f"(max |diff| {max(diffs.values()):.2g})")
-            return outs if isinstance(outs, tuple) else (outs,)
+            return outs
 
         ie = ImageEncoderGraph(net)
         images = [(rnd(1, 3, S, S),), (rnd(1, 3, S, S),)]

@@ -1,0 +1,396 @@
+"""The SAM-2-family streaming algorithm, written once, sans I/O, against :class:`~.runtime.Runtime`.
+
+It reproduces the reference (``transformers``' video models fed one frame at a time) with fixed device-resident
+slots: per object a bank ``[C + N, T, M]`` (C conditioning slots, N recent slots) and a pointer ring ``[Q, D]``
+(C conditioning pointers, ``max_object_pointers - 1`` recent ones).  The memory encoder writes each frame's memory
+and pointer straight into their slots; memory attention reads them in place with a validity mask.  Per frame the
+host uploads the image, the prompt points and a few small vectors, and downloads the four low-res mask planes,
+their IoU and the object score.  Rules and the places we differ from the reference: ``docs/sam2-backend.md`` §0, §5.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vostream.pipeline.errors import BackendError, PromptError
+from vostream.pipeline.types import Frame, Prompt, TrackResult
+
+from ..base import TrackerSession
+from .manifest import Manifest
+from .runtime import DeviceBuffer, Runtime
+
+logger = logging.getLogger(__name__)
+
+MAX_POINTS = 64  # points (clicks + box corners) per object per frame
+
+
+def _aa_weights(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in) weights of PyTorch's ``interpolate(mode="bilinear", align_corners=False, antialias=True)``
+    along one axis (for an upsample this is plain bilinear)."""
+    scale = n_in / n_out
+    support = max(scale, 1.0)
+    w = np.zeros((n_out, n_in), np.float64)
+    for i in range(n_out):
+        center = scale * (i + 0.5)
+        lo = max(int(center - support + 0.5), 0)
+        hi = min(int(center + support + 0.5), n_in)
+        j = np.arange(lo, hi)
+        k = np.maximum(0.0, 1.0 - np.abs((j - center + 0.5) / support))
+        total = k.sum()
+        if total > 0:
+            w[i, lo:hi] = k / total
+    return w
+
+
+def resize_aa(x: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Resize a 2-D float array like PyTorch's antialiased bilinear interpolate (float32 result)."""
+    x = np.asarray(x, np.float64)
+    wy = _aa_weights(x.shape[0], height)
+    wx = _aa_weights(x.shape[1], width)
+    return (wy @ x @ wx.T).astype(np.float32)
+
+
+@dataclass
+class _Object:
+    obj_id: int
+    bank: DeviceBuffer                 # [C + N, T, M]
+    ptrs: DeviceBuffer                 # [Q, D]
+    cond_steps: list[int]              # per conditioning slot: step it holds, -1 empty
+    recent_steps: list[int]            # per recent slot
+    ptr_steps: list[int]               # per recent pointer slot
+    frames: int = 0                    # frames this object took part in
+
+
+@dataclass
+class _Input:
+    """Prompts of one object for the current frame, in model pixels."""
+
+    points: np.ndarray                 # (K, 2) float32
+    labels: np.ndarray                 # (K,) int32: 1, 0, 2/3 box corners
+    mask: np.ndarray | None = None     # (S, S) float32 0/1
+    n_points: int = 0                  # what the multimask rule counts
+
+
+@dataclass
+class Sam2Stats:
+    frames: int = 0
+    cond_frames: int = 0
+    evicted_cond: int = 0
+    per_frame: list[float] = field(default_factory=list)
+
+
+class Sam2Session(TrackerSession):
+    """One stream on one :class:`Runtime`.  Prompts are in source pixels; ``frame.tensor`` is the preprocessed
+    ``[1, 3, S, S]`` float32 image (``Sam2Tracker.input_spec``)."""
+
+    def __init__(self, runtime: Runtime, manifest: Manifest) -> None:
+        self.rt = runtime
+        self.m = manifest
+        self.alg = manifest.algorithm
+        m = manifest
+        S, g, D, M, P = m.image_size, m.grid, m.hidden_dim, m.mem_dim, m.mask_size
+        self.S, self.P = S, P
+        self.C, self.N, self.Q = m.cond_slots, m.recent_slots, m.pointer_slots
+        self.L = self.C + self.N
+        self.R = self.Q - self.C  # recent pointer slots (max_object_pointers - 1)
+        self.T, self.M, self.D = m.tokens_per_slot, M, D
+        rt = runtime
+        ie = m.graphs["image_encoder"]
+        # per-session scratch buffers, allocated once
+        self.b: dict[str, DeviceBuffer] = {}
+        self.b["image"] = rt.alloc((1, 3, S, S), "float32", "image")
+        for spec in ie.outputs:
+            self.b[spec.name] = rt.alloc(tuple(int(v) for v in spec.shape), spec.dtype, spec.name)
+        self.b["pix_feat"] = rt.alloc((1, D, g, g), "float32", "pix_feat")
+        self.b["points"] = rt.alloc((1, MAX_POINTS, 2), "float32", "points")
+        self.b["labels"] = rt.alloc((1, MAX_POINTS), "int32", "labels")
+        self.b["mask_prompt"] = rt.alloc((1, 1, S, S), "float32", "mask_prompt")
+        self.b["zero_mask"] = rt.alloc((1, 1, S, S), "float32", "zero_mask")
+        self.b["has_mask"] = rt.alloc((1,), "float32", "has_mask")
+        self.b["low_res_masks"] = rt.alloc((1, 4, P, P), "float32", "low_res_masks")
+        self.b["iou"] = rt.alloc((1, 4), "float32", "iou")
+        self.b["object_score"] = rt.alloc((1, 1), "float32", "object_score")
+        self.b["obj_ptrs"] = rt.alloc((1, 4, D), "float32", "obj_ptrs")
+        self.b["slot_tpos"] = rt.alloc((self.L,), "int64", "slot_tpos")
+        self.b["slot_valid"] = rt.alloc((self.L,), "float32", "slot_valid")
+        self.b["ptr_tdiff"] = rt.alloc((self.Q,), "float32", "ptr_tdiff")
+        self.b["ptr_valid"] = rt.alloc((self.Q,), "float32", "ptr_valid")
+        self.b["plane"] = rt.alloc((1,), "int64", "plane")
+        self.b["token"] = rt.alloc((1,), "int64", "token")
+        self.b["use_mask_prompt"] = rt.alloc((1,), "float32", "use_mask_prompt")
+        self.b["binarize"] = rt.alloc((1,), "float32", "binarize")
+        # small host staging arrays, reused every frame
+        self._h_planes = np.empty((1, 4, P, P), np.float32)
+        self._h_iou = np.empty((1, 4), np.float32)
+        self._h_score = np.empty((1, 1), np.float32)
+        self._objects: dict[int, _Object] = {}
+        self._pending: dict[int, Prompt] = {}
+        self._steps = 0
+        self._closed = False
+        self.stats = Sam2Stats()
+
+    # ------------------------------------------------------------------------------------------- prompts
+    @property
+    def object_ids(self) -> list[int]:
+        return list(self._objects) + [i for i in self._pending if i not in self._objects]
+
+    def add_prompt(self, prompt: Prompt) -> None:
+        if not isinstance(prompt, Prompt):
+            raise PromptError(f"add_prompt expects a Prompt, got {type(prompt).__name__}")
+        oid = int(prompt.obj_id)
+        has_pos = prompt.box is not None or prompt.mask is not None or bool(np.any(prompt.labels == 1))
+        if prompt.mask is not None and (len(prompt.points) or prompt.box is not None):
+            raise PromptError(f"object {oid}: give either a mask or points/box on one frame, not both "
+                              "(the SAM-2 models take a mask prompt on its own)")
+        if not has_pos and oid not in self._objects and oid not in self._pending:
+            raise PromptError(f"object {oid}: a prompt with only negative points needs a known object; add a "
+                              f"positive point, a box or a mask to start object {oid}")
+        if len(prompt.points) + (2 if prompt.box is not None else 0) > MAX_POINTS - 1:
+            raise PromptError(f"object {oid}: at most {MAX_POINTS - 1} points (a box counts as two) per frame")
+        if not has_pos and oid in self._pending and oid not in self._objects:
+            p = self._pending[oid]  # merge negatives into the pending prompt that starts this object
+            prompt = Prompt(oid, prompt.frame_index, np.concatenate([p.points, prompt.points]),
+                            np.concatenate([p.labels, prompt.labels]), p.box, p.mask)
+        self._pending[oid] = prompt
+
+    def remove_object(self, obj_id: int) -> None:
+        oid = int(obj_id)
+        if oid not in self._objects and oid not in self._pending:
+            raise PromptError(f"cannot remove object {oid}: it is not tracked (known ids: {self.object_ids})")
+        self._pending.pop(oid, None)
+        obj = self._objects.pop(oid, None)
+        if obj is not None:
+            self.rt.free(obj.bank)
+            self.rt.free(obj.ptrs)
+
+    def reset(self) -> None:
+        for oid in list(self._objects):
+            self.remove_object(oid)
+        self._pending.clear()
+        self._steps = 0
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for obj in self._objects.values():
+            self.rt.free(obj.bank)
+            self.rt.free(obj.ptrs)
+        self._objects.clear()
+        for buf in self.b.values():
+            self.rt.free(buf)
+        self.b.clear()
+
+    def _to_model(self, prompt: Prompt, src_w: int, src_h: int) -> _Input:
+        sx, sy = self.S / src_w, self.S / src_h
+        if prompt.mask is not None:
+            mask = np.asarray(prompt.mask, bool)
+            if mask.shape != (src_h, src_w):
+                raise PromptError(f"object {prompt.obj_id}: mask prompt is {mask.shape[1]}x{mask.shape[0]}, the "
+                                  f"stream is {src_w}x{src_h}")
+            m = mask.astype(np.float32)
+            if m.shape != (self.S, self.S):
+                m = resize_aa(m, self.S, self.S)
+            return _Input(np.zeros((1, 2), np.float32), np.full((1,), -1, np.int32), mask=m)
+        pts: list[np.ndarray] = []
+        labels: list[np.ndarray] = []
+        if prompt.box is not None:
+            x0, y0, x1, y1 = prompt.box
+            pts.append(np.array([[x0 * sx, y0 * sy], [x1 * sx, y1 * sy]], np.float32))
+            labels.append(np.array([2, 3], np.int32))
+        if len(prompt.points):
+            pts.append((prompt.points * np.array([sx, sy], np.float32)).astype(np.float32))
+            labels.append(prompt.labels.astype(np.int32))
+        p = np.concatenate(pts)
+        lab = np.concatenate(labels)
+        return _Input(p, lab, n_points=len(p))
+
+    # ---------------------------------------------------------------------------------------------- step
+    def step(self, frame: Frame) -> TrackResult:
+        if self._closed:
+            raise BackendError("SAM-2 session is closed")
+        x = frame.tensor
+        S = self.S
+        if x is None or x.shape != (1, 3, S, S) or x.dtype != np.float32:
+            got = None if x is None else f"{x.dtype} {x.shape}"
+            raise BackendError(f"SAM-2 tracker: frame.tensor must be float32 (1, 3, {S}, {S}) (run the preprocess "
+                               f"stage with the tracker's input_spec), got {got}")
+        src_w, src_h = frame.width, frame.height
+        due = {oid: p for oid, p in self._pending.items() if p.frame_index <= frame.index}
+        inputs: dict[int, _Input] = {}
+        for oid, p in due.items():  # validate everything before changing any state
+            p.check_bounds(src_w, src_h, source="the stream")
+            inputs[oid] = self._to_model(p, src_w, src_h)
+        for oid in due:
+            del self._pending[oid]
+        rt, b = self.rt, self.b
+        rt.upload(b["image"], x)
+        rt.run("image_encoder", {"image": b["image"]},
+               {n: b[n] for n in ("feat_s0", "feat_s1", "feat", "feat_nomem", "feat_map")})
+        for oid in inputs:
+            if oid not in self._objects:
+                self._objects[oid] = self._new_object(oid)
+        any_input = bool(inputs)
+        now = self._steps
+        ids, logits, scores, present = [], [], [], []
+        for oid, obj in self._objects.items():
+            inp = inputs.get(oid)
+            lo, sc, pr = self._step_object(obj, inp, now, any_input)
+            ids.append(oid)
+            logits.append(lo)
+            scores.append(sc)
+            present.append(pr)
+            obj.frames += 1
+        self._steps += 1
+        self.stats.frames += 1
+        n = len(ids)
+        P = self.P
+        return TrackResult(frame.index, np.asarray(ids, np.int64), np.asarray(scores, np.float32),
+                           np.asarray(present, bool), np.zeros((n, 4), np.float32),
+                           logits=np.stack(logits) if n else np.zeros((0, P, P), np.float32))
+
+    def _new_object(self, oid: int) -> _Object:
+        bank = self.rt.alloc((self.L, self.T, self.M), "float32", f"bank[{oid}]")
+        ptrs = self.rt.alloc((self.Q, self.D), "float32", f"ptrs[{oid}]")
+        return _Object(oid, bank, ptrs, [-1] * self.C, [-1] * self.N, [-1] * self.R)
+
+    def _multimask(self, init_cond: bool, n_points: int) -> bool:
+        a = self.alg
+        return bool(a["multimask_output_in_sam"] and (init_cond or a["multimask_output_for_tracking"])
+                    and a["multimask_min_pt_num"] <= n_points <= a["multimask_max_pt_num"])
+
+    def _select(self, planes: np.ndarray, iou: np.ndarray, multimask: bool) -> tuple[int, int]:
+        """(plane, token) the reference would pick from the four planes."""
+        best = 1 + int(np.argmax(iou[1:]))
+        if multimask:
+            return best, best
+        if self.alg["dynamic_multimask_via_stability"]:
+            d = self.alg["stability_delta"]
+            area_i = float(np.count_nonzero(planes[0] > d))
+            area_u = float(np.count_nonzero(planes[0] > -d))
+            stability = area_i / area_u if area_u > 0 else 1.0
+            if stability < self.alg["stability_thresh"]:
+                return best, 0
+        return 0, 0
+
+    def _upload_scalar(self, name: str, value: float | int) -> None:
+        buf = self.b[name]
+        self.rt.upload(buf, np.asarray([value], dtype=buf.dtype))
+
+    def _step_object(self, obj: _Object, inp: _Input | None, now: int, any_input: bool
+                     ) -> tuple[np.ndarray, float, bool]:
+        rt, b = self.rt, self.b
+        P = self.P
+        mask_path = inp is not None and inp.mask is not None
+        if inp is None:  # tracking frame: memory attention over the bank, no prompt
+            self._upload_memory_meta(obj, now)
+            rt.run("memory_attention",
+                   {"feat": b["feat"], "bank": obj.bank, "slot_tpos": b["slot_tpos"],
+                    "slot_valid": b["slot_valid"], "ptrs": obj.ptrs, "ptr_tdiff": b["ptr_tdiff"],
+                    "ptr_valid": b["ptr_valid"]}, {"pix_feat": b["pix_feat"]})
+            pix = b["pix_feat"]
+            pts, labels, n_points = np.zeros((1, 2), np.float32), np.full((1,), -1, np.int32), 0
+        else:
+            pix = b["feat_map"] if mask_path else b["feat_nomem"]
+            pts, labels, n_points = inp.points, inp.labels, inp.n_points
+        k = len(pts)
+        pts_v = rt.view(b["points"], 0, (1, k, 2))
+        lab_v = rt.view(b["labels"], 0, (1, k))
+        rt.upload(pts_v, pts.reshape(1, k, 2))
+        rt.upload(lab_v, labels.reshape(1, k))
+        if mask_path:
+            assert inp is not None and inp.mask is not None
+            rt.upload(b["mask_prompt"], inp.mask.reshape(1, 1, self.S, self.S))
+        self._upload_scalar("has_mask", 1.0 if mask_path else 0.0)
+        rt.run("decoder",
+               {"pix_feat": pix, "feat_s0": b["feat_s0"], "feat_s1": b["feat_s1"], "points": pts_v, "labels": lab_v,
+                "mask_prompt": b["mask_prompt"] if mask_path else b["zero_mask"], "has_mask": b["has_mask"]},
+               {"low_res_masks": b["low_res_masks"], "iou": b["iou"], "object_score": b["object_score"],
+                "obj_ptrs": b["obj_ptrs"]})
+        planes = rt.download(b["low_res_masks"], self._h_planes)[0]
+        iou = rt.download(b["iou"], self._h_iou)[0]
+        dec_score = float(rt.download(b["object_score"], self._h_score)[0, 0])
+        init_cond = inp is not None
+        multimask = self._multimask(init_cond, 0 if mask_path else n_points) if not mask_path else True
+        plane, token = self._select(planes, iou, multimask)
+        if mask_path:
+            assert inp is not None and inp.mask is not None
+            high = inp.mask * 20.0 - 10.0
+            out = resize_aa(high, P, P)
+            present = bool(np.any(inp.mask > 0))
+            conf = 1.0 if present else 0.0
+        else:
+            present = dec_score > 0
+            out = planes[plane].copy() if present else np.full((P, P), self.alg["no_obj_score"], np.float32)
+            conf = float(1.0 / (1.0 + np.exp(-dec_score)) * iou[plane]) if present else 0.0
+        # where this frame's memory goes
+        if init_cond:
+            slot = self._cond_slot(obj)
+            obj.cond_steps[slot] = now
+            mem_slot, ptr_slot = slot, slot
+            self.stats.cond_frames += 1
+        else:
+            j = now % self.N
+            r = now % self.R
+            obj.recent_steps[j] = now
+            obj.ptr_steps[r] = now
+            mem_slot, ptr_slot = self.C + j, self.C + r
+        if self.alg["batch_binarize"]:
+            binarize = any_input
+        else:
+            binarize = init_cond
+        self._upload_scalar("plane", plane)
+        self._upload_scalar("token", token)
+        self._upload_scalar("use_mask_prompt", 1.0 if mask_path else 0.0)
+        self._upload_scalar("binarize", 1.0 if binarize else 0.0)
+        rt.run("memory_encoder",
+               {"feat": b["feat"], "low_res_masks": b["low_res_masks"], "obj_ptrs": b["obj_ptrs"],
+                "object_score": b["object_score"], "mask_prompt": b["mask_prompt"] if mask_path else b["zero_mask"],
+                "plane": b["plane"], "token": b["token"], "use_mask_prompt": b["use_mask_prompt"],
+                "binarize": b["binarize"]},
+               {"maskmem": rt.view(obj.bank, mem_slot * self.T * self.M, (1, self.T, self.M)),
+                "obj_ptr": rt.view(obj.ptrs, ptr_slot * self.D, (1, self.D))})
+        return out, conf, present
+
+    def _cond_slot(self, obj: _Object) -> int:
+        """A free conditioning slot, else the oldest one (evicted: the reference would keep it)."""
+        for i, s in enumerate(obj.cond_steps):
+            if s < 0:
+                return i
+        oldest = int(np.argmin(obj.cond_steps))
+        self.stats.evicted_cond += 1
+        logger.info("object %d: more than %d conditioning frames; dropping the oldest (frame step %d)",
+                    obj.obj_id, self.C, obj.cond_steps[oldest])
+        return oldest
+
+    def _upload_memory_meta(self, obj: _Object, now: int) -> None:
+        C, N, R = self.C, self.N, self.R
+        tpos = np.zeros(self.L, np.int64)
+        valid = np.zeros(self.L, np.float32)
+        tdiff = np.zeros(self.Q, np.float32)
+        pvalid = np.zeros(self.Q, np.float32)
+        last = self.m.num_maskmem - 1
+        for i, s in enumerate(obj.cond_steps):
+            if s >= 0:
+                tpos[i], valid[i] = last, 1.0
+                tdiff[i], pvalid[i] = now - s, 1.0
+        for j, s in enumerate(obj.recent_steps):
+            age = now - s
+            if s >= 0 and 1 <= age <= N:
+                tpos[C + j], valid[C + j] = age - 1, 1.0
+        for r, s in enumerate(obj.ptr_steps):
+            age = now - s
+            if s >= 0 and 1 <= age <= R:
+                tdiff[C + r], pvalid[C + r] = age, 1.0
+        if not valid.any():
+            raise BackendError(f"object {obj.obj_id}: no memory to attend to (internal error)")
+        self.rt.upload(self.b["slot_tpos"], tpos)
+        self.rt.upload(self.b["slot_valid"], valid)
+        self.rt.upload(self.b["ptr_tdiff"], tdiff)
+        self.rt.upload(self.b["ptr_valid"], pvalid)
+
+
+__all__ = ["MAX_POINTS", "Sam2Session", "resize_aa"]
