@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 
@@ -77,6 +77,10 @@ class TrackerSession(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release per-session resources (device buffers).  Idempotent."""
+
+    def metrics(self) -> dict[str, Any]:
+        """Backend counters for the track stage's metrics (e.g. bytes moved host<->device); {} by default."""
+        return {}
 
 
 class Tracker(ABC):

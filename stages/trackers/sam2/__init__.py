@@ -55,6 +55,9 @@ class _LockedSession(TrackerSession):
     def stats(self) -> Any:
         return self.inner.stats
 
+    def metrics(self) -> dict[str, Any]:
+        return self.inner.metrics()
+
 
 class Sam2Tracker(Tracker):
     """A SAM-2-family export (``vostream export``) on a :class:`Runtime`.  The graphs are loaded once; every

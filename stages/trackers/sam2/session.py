@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -183,6 +184,17 @@ class Sam2Session(TrackerSession):
         for buf in self.b.values():
             self.rt.free(buf)
         self.b.clear()
+
+    def metrics(self) -> dict[str, Any]:
+        """Per-frame averages since the session started: host<->device bytes (the bank is never among them),
+        graph runs and milliseconds per graph."""
+        st = self.rt.stats
+        n = max(1, self.stats.frames)
+        return {"frames": self.stats.frames, "cond_frames": self.stats.cond_frames,
+                "evicted_cond_frames": self.stats.evicted_cond,
+                "h2d_bytes_per_frame": st.h2d_bytes / n, "d2h_bytes_per_frame": st.d2h_bytes / n,
+                "d2d_bytes_per_frame": st.d2d_bytes / n,
+                "graph_ms_per_frame": {k: round(v * 1e3 / n, 3) for k, v in st.run_s.items()}}
 
     def _to_model(self, prompt: Prompt, src_w: int, src_h: int) -> _Input:
         sx, sy = self.S / src_w, self.S / src_h
