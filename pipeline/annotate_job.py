@@ -94,6 +94,10 @@ class JobRunner:
             tracker_options["model"] = options.model
         self.tracker = load_tracker(options.backend, **tracker_options)
 
+    def close(self) -> None:
+        """Release the tracker (device memory, loaded graphs).  Idempotent."""
+        self.tracker.close()
+
     def run(self, job: VideoJob, progress: ProgressFn | None = None) -> JobResult:
         """Annotate one video.  Never raises for a failure of the video: the result says ``failed`` with the
         error.  ``progress(frames)`` is called about every 0.25 s; returning False cancels the job."""

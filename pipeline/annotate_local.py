@@ -63,6 +63,13 @@ def _worker_main(slot: int, gen: int, options: TrackOptions, tasks: Any, events:
         events.put(("fatal", slot, gen, None, 0, None, f"worker {slot} cannot load the tracker: {exc}"))
         return
     events.put(("ready", slot, gen, None, 0, None, None))
+    try:
+        _worker_loop(runner, slot, gen, tasks, events, parent_pid)
+    finally:
+        runner.close()
+
+
+def _worker_loop(runner: JobRunner, slot: int, gen: int, tasks: Any, events: Any, parent_pid: int) -> None:
     while True:
         try:
             job = tasks.get(timeout=1.0)
@@ -249,6 +256,8 @@ class InlineExecutor:
         self.cancel_requested = True
 
     def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
         self._runner = None
 
 

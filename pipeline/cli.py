@@ -1,7 +1,8 @@
 """The ``vostream`` command line.
 
 ``vostream track SOURCE --point X,Y --out DIR`` tracks objects through a video file or frames directory and writes
-the outputs; ``vostream demo`` makes a sample scene and tracks it.  Errors print one line and exit non-zero
+the outputs; ``vostream demo`` makes a sample scene and tracks it; ``vostream export MODEL --out DIR`` turns a
+SAM-2-family checkpoint into the ONNX export that ``--backend onnx --model DIR`` loads.  Errors print one line and exit non-zero
 (``--debug`` shows the traceback); Ctrl-C or SIGTERM stops the run and finalises every output already begun.
 """
 
@@ -10,9 +11,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import PromptError, VostreamError
+from .config import PROVIDERS
+from .errors import ConfigError, PromptError, VostreamError
 
 logger = logging.getLogger("vostream")
 
@@ -121,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "  vostream track video.mp4 --point 420,240 --neg 470,250 --obj 2 --box 100,80,220,300 "
                               "--out out/run2 --save video,png,json,mot\n"
                               "  vostream track frames/ --prompts prompts.json --out out/run3\n"
-                              "  vostream track --config deploy.toml\n\n"
+                              "  vostream track --config deploy.toml\n"
+                              "  vostream track video.mp4 --point 420,240 --out out/run4 --backend onnx "
+                              "--model exports/sam2.1-tiny --provider cuda\n\n"
                               "docs: docs/prompts.md (prompts), docs/config.md (config), docs/outputs.md (formats)")
     t.add_argument("source", nargs="?", help="video file (any format FFmpeg reads) or directory of numbered frames")
     t.add_argument("--out", "-o", metavar="DIR", help="output directory")
@@ -131,8 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", metavar="FILE.toml", help="TOML file with any of these options; flags override it")
     _add_prompt_options(t)
     g = t.add_argument_group("tracker")
-    g.add_argument("--backend", help="tracker backend (default classic: no weights needed)")
-    g.add_argument("--model", metavar="DIR", help="model directory for neural backends")
+    g.add_argument("--backend", help="tracker backend: classic (default; no weights needed) or onnx (a SAM 2.1 / "
+                                     "EdgeTAM / SAM 3 export from 'vostream export', on ONNX Runtime)")
+    g.add_argument("--model", metavar="DIR", help="model directory for neural backends (onnx: a 'vostream export' "
+                                                  "output directory)")
+    g.add_argument("--provider", choices=PROVIDERS,
+                   help="onnx: ONNX Runtime execution provider (default cpu; cuda and tensorrt need onnxruntime-gpu)")
+    g.add_argument("--threads", type=int, metavar="N", help="onnx: ONNX Runtime threads (default: its own choice)")
+    g.add_argument("--device-id", type=int, metavar="N",
+                   help="accelerator index: the CUDA device for onnx (default 0)")
     g = t.add_argument_group("pipeline")
     g.add_argument("--queue-size", type=int, metavar="N", help="capacity of every queue (default 8)")
     g.add_argument("--policy", choices=("block", "latest"),
@@ -162,6 +174,31 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--scene", default="crossing", help="which synthetic scene (default crossing)")
     d.add_argument("--samples-dir", metavar="DIR", help="where sample media are kept (default: the samples folder)")
     _add_common(d)
+
+    e = sub.add_parser("export", help="export a SAM 2.1 / EdgeTAM / SAM 3 checkpoint for --backend onnx",
+                       description="Convert a Hugging Face transformers checkpoint of a SAM-2-family video model "
+                                   "(Sam2VideoModel, EdgeTamVideoModel, Sam3TrackerVideoModel) into four ONNX graphs "
+                                   "plus manifest.json in --out, each graph checked against PyTorch. Needs PyTorch "
+                                   "and transformers >= 5 (pip install 'vostream[export]'); tracking with the result "
+                                   "does not.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n"
+                              "  vostream export facebook/sam2.1-hiera-tiny --out exports/sam2.1-tiny\n"
+                              "  vostream export yonigozlan/EdgeTAM-hf --out exports/edgetam\n"
+                              "  vostream export facebook/sam3 --out exports/sam3   # gated: huggingface-cli login\n"
+                              "  vostream export ./my-finetuned-sam2 --out exports/mine --cond-slots 4 --force\n"
+                              "then:\n"
+                              "  vostream track video.mp4 --point 420,240 --out out/run --backend onnx "
+                              "--model exports/sam2.1-tiny\n\n"
+                              "docs: docs/sam2-backend.md")
+    e.add_argument("model", metavar="MODEL",
+                   help="Hugging Face hub id or local directory written by save_pretrained")
+    e.add_argument("--out", "-o", metavar="DIR", required=True, help="directory to write the export into")
+    e.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default 17; at least 17)")
+    e.add_argument("--cond-slots", type=int, metavar="C",
+                   help="conditioning-frame memory slots kept per object (default: the family's)")
+    e.add_argument("--force", action="store_true", help="replace an existing export in --out")
+    _add_common(e)
 
     from .annotate import add_annotate_parser
 
@@ -196,6 +233,7 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
     prompts = prompts_from_tokens(getattr(args, "prompt_tokens", None) or [])
     cli = {
         "source": args.source, "out": args.out, "save": args.save, "backend": args.backend, "model": args.model,
+        "provider": args.provider, "threads": args.threads, "device_id": args.device_id,
         "queue_size": args.queue_size, "policy": args.policy, "max_frames": args.max_frames,
         "fill_holes": args.fill_holes, "min_area": args.min_area, "quiet": args.quiet,
         "opencv_threads": args.opencv_threads,
@@ -223,6 +261,44 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 130 if report.interrupted else 0
 
 
+def _dir_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``vostream export``: progress lines on stderr (unless --quiet), then one summary line on stdout."""
+    import time
+
+    try:
+        from vostream.stages.trackers.sam2.export import DEFAULT_OPSET, export_model
+    except ImportError as exc:  # numpy/onnx missing: the exporter module itself cannot load
+        raise ConfigError(f"vostream export cannot start ({exc}); pip install 'vostream[export]'") from None
+
+    quiet = bool(args.quiet)
+    if quiet:  # also silence transformers' weight-loading and hub download bars, and the hub's retry warnings
+        logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+        try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except Exception:  # transformers missing or broken: export_model says so
+            logger.debug("cannot silence transformers' progress bars", exc_info=True)
+
+    def say(msg: str) -> None:
+        if not quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    manifest = export_model(args.model, args.out, opset=args.opset or DEFAULT_OPSET, cond_slots=args.cond_slots,
+                            overwrite=args.force, progress=say)
+    out = Path(args.out)
+    sizes = ", ".join(f"{name} {(out / g.file).stat().st_size / 1e6:.1f} MB" for name, g in manifest.graphs.items())
+    print(f"exported {args.model} ({manifest.family}, {manifest.image_size}px): {len(manifest.graphs)} graphs "
+          f"({sizes}; {_dir_mb(out):.1f} MB in all) to {out} in {time.perf_counter() - t0:.1f} s; "
+          f"track with: vostream track SOURCE --backend onnx --model {out}")
+    return 0
+
+
 def cmd_annotate(args: argparse.Namespace) -> int:
     from .annotate import cmd_annotate as run_batch
 
@@ -246,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.quiet:  # the run's own status lines; library modules stay at WARNING unless --verbose
         logging.getLogger("vostream.pipeline.run").setLevel(logging.INFO)
     try:
-        return {"track": cmd_track, "demo": cmd_demo, "annotate": cmd_annotate,
+        return {"track": cmd_track, "demo": cmd_demo, "export": cmd_export, "annotate": cmd_annotate,
                 "serve": cmd_serve}[args.command](args)
     except VostreamError as exc:
         if args.debug:

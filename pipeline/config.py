@@ -7,7 +7,8 @@ options in a ``[tracker]`` table.  Example (``docs/config.md`` has the full refe
     source = "samples/media/demo.mp4"
     out = "out/demo"
     save = ["video", "json", "mot"]
-    backend = "classic"
+    backend = "classic"        # or "onnx" with model = "exports/sam2.1-tiny" (a 'vostream export' directory),
+                               # provider = "cuda", threads = 4, device_id = 0
 
     [[prompts]]
     obj = 1
@@ -35,6 +36,10 @@ else:  # pragma: no cover
 
 SAVE_FORMATS = ("video", "png", "json", "mot")
 DEFAULT_SAVE = ("video", "json", "mot")
+#: ``--provider`` values of the onnx backend (ONNX Runtime execution providers, with CPU as the fallback)
+PROVIDERS = ("cpu", "cuda", "tensorrt")
+#: settings passed to the tracker factory as keyword options when set (besides the ``[tracker]`` table)
+TRACKER_KEYS = ("model", "provider", "threads", "device_id")
 
 
 @dataclass
@@ -46,6 +51,10 @@ class TrackSettings:
     save: tuple[str, ...] = DEFAULT_SAVE
     backend: str = "classic"
     model: str | None = None
+    # neural-backend options, passed to the tracker only when set (``--provider``, ``--threads``, ``--device-id``)
+    provider: str | None = None  # onnx: cpu | cuda | tensorrt (ONNX Runtime execution provider)
+    threads: int | None = None  # onnx: ONNX Runtime intra-op threads; None: ONNX Runtime's default
+    device_id: int | None = None  # onnx: CUDA device; acl: Ascend device
     prompts_file: str | None = None
     prompts: list[Any] = field(default_factory=list)  # Prompt / RemoveObject
     queue_size: int = 8
@@ -113,6 +122,12 @@ def _check_type(key: str, value: Any, where: str) -> Any:
 
     if key in ("source", "out", "backend", "model"):
         want(isinstance(value, str) and value != "", "a non-empty string")
+    elif key == "provider":
+        want(value in PROVIDERS, f"one of {', '.join(PROVIDERS)}")
+    elif key == "threads":
+        want(isinstance(value, int) and not isinstance(value, bool) and value >= 1, "an integer >= 1")
+    elif key == "device_id":
+        want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an integer >= 0")
     elif key in ("queue_size",):
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 1, "an integer >= 1")
     elif key == "opencv_threads":
@@ -183,4 +198,16 @@ def merge_settings(config: dict[str, Any] | None, cli: dict[str, Any]) -> TrackS
     return s
 
 
-__all__ = ["DEFAULT_SAVE", "SAVE_FORMATS", "TrackSettings", "load_config", "merge_settings", "parse_save"]
+def tracker_options(settings: TrackSettings) -> dict[str, Any]:
+    """The keyword options for ``load_tracker(settings.backend, ...)``: the ``[tracker]`` table, then ``model``,
+    ``provider``, ``threads`` and ``device_id`` where set (they win over the same keys in the table)."""
+    options = dict(settings.tracker)
+    for key in TRACKER_KEYS:
+        value = getattr(settings, key)
+        if value is not None:
+            options[key] = value
+    return options
+
+
+__all__ = ["DEFAULT_SAVE", "PROVIDERS", "SAVE_FORMATS", "TRACKER_KEYS", "TrackSettings", "load_config",
+           "merge_settings", "parse_save", "tracker_options"]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import TrackSettings
+from .config import TrackSettings, tracker_options
 from .engine import Pipeline, RunReport, handle_signals
 from .errors import ConfigError, OutputError, VostreamError
 
@@ -61,7 +61,8 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
     """The pipeline for ``settings`` plus a dict of facts for the summary.  Validates everything that can be
     validated before a frame is decoded: the source opens, prompts fit the frame, the output is writable.
     ``tracker``: an already loaded :class:`Tracker` to reuse (batch workers load theirs once); by default the
-    ``settings.backend`` tracker is loaded here."""
+    ``settings.backend`` tracker is loaded here and returned as ``facts["_tracker"]`` for the caller to close after
+    the run (:func:`run_track` does; a neural backend holds graphs and device memory)."""
     from vostream.sinks import build_file_sinks
     from vostream.stages.decode import open_source, probe
     from vostream.stages.postprocess import PostprocessStage
@@ -94,30 +95,39 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
                 item.message.check_bounds(info.width, info.height, settings.source)
     out_dir = _prepare_out_dir(settings.out) if settings.out is not None else None
 
-    options = dict(settings.tracker)
-    if settings.model is not None:
-        options["model"] = settings.model
+    options = tracker_options(settings)
+    owned = tracker is None
     if tracker is None:
         tracker = load_tracker(settings.backend, **options)
-    source = live_source or open_source(settings.source, max_frames=settings.max_frames)
-    queue_size = settings.live_queue_size if live_source is not None else settings.queue_size
-    stages = [
-        PreprocessStage(tracker.input_spec, ring=queue_size + 4),
-        TrackStage(tracker, prompts),
-        PostprocessStage(fill_holes=settings.fill_holes, min_area=settings.min_area),
-    ]
-    sinks = build_file_sinks(out_dir, settings.save, fps=info.fps, source_name=Path(settings.source).name) \
-        if out_dir is not None else []
-    if settings.rtsp_out:
-        from vostream.sinks.rtsp import rtsp_out_spec
+    try:  # a failure from here on must not leak the tracker's graphs and device memory
+        source = live_source or open_source(settings.source, max_frames=settings.max_frames)
+        queue_size = settings.live_queue_size if live_source is not None else settings.queue_size
+        stages = [
+            PreprocessStage(tracker.input_spec, ring=queue_size + 4),
+            TrackStage(tracker, prompts),
+            PostprocessStage(fill_holes=settings.fill_holes, min_area=settings.min_area),
+        ]
+        sinks = build_file_sinks(out_dir, settings.save, fps=info.fps, source_name=Path(settings.source).name) \
+            if out_dir is not None else []
+        if settings.rtsp_out:
+            from vostream.sinks.rtsp import rtsp_out_spec
 
-        sinks.append(rtsp_out_spec(settings, info.fps))
-    pipe = Pipeline(source, stages, sinks, policy=settings.policy, queue_size=queue_size,
-                    name=Path(settings.source).name)
+            sinks.append(rtsp_out_spec(settings, info.fps))
+        pipe = Pipeline(source, stages, sinks, policy=settings.policy, queue_size=queue_size,
+                        name=Path(settings.source).name)
+    except BaseException:
+        if owned:
+            tracker.close()
+        raise
     facts = {"source": settings.source, "width": info.width, "height": info.height, "fps": info.fps,
              "frames_expected": info.frames, "out": None if out_dir is None else str(out_dir),
              "backend": settings.backend, "save": list(settings.save) if out_dir is not None else [],
              "objects": sorted({p.obj_id for p in prompts if hasattr(p, "points")})}
+    for key in ("model", "provider"):
+        if options.get(key) is not None:
+            facts[key] = str(options[key])
+    if owned:
+        facts["_tracker"] = tracker
     if live_source is not None:
         facts["live"] = True
         facts["timed_prompts"] = timed
@@ -178,7 +188,7 @@ def write_summary(path: Path, facts: dict[str, Any], report: RunReport, error: s
     """``summary.json``: the run's facts, frame count, speed, per-stage metrics and, for a failed run, the error."""
     from vostream.sinks.atomic import atomic_write_text
 
-    summary = dict(facts)
+    summary = {k: v for k, v in facts.items() if not k.startswith("_")}
     summary.update({"frames": report.frames, "wall_s": round(report.wall_s, 3), "fps": round(report.fps, 2),
                     "interrupted": report.interrupted, "error": error, "metrics": report.metrics.as_dict()})
     atomic_write_text(path, json.dumps(summary, indent=2, default=str))
@@ -212,6 +222,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def run_track(settings: TrackSettings) -> RunReport:
     pipe, facts = build_track_pipeline(settings)
+    tracker = facts.pop("_tracker", None)
     timer = None
     if facts.get("timed_prompts"):  # a live feed's prompts with wall-clock triggers
         from vostream.stages.live import PromptTimer
@@ -229,6 +240,8 @@ def run_track(settings: TrackSettings) -> RunReport:
     finally:
         if timer is not None:
             timer.close()
+        if tracker is not None:  # frees the backend's graphs and device memory (the sessions closed with the run)
+            tracker.close()
     if not facts["out"]:
         if not settings.quiet:
             logger.info("%s", report.summary())

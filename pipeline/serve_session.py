@@ -239,6 +239,7 @@ class Session:
         self.exports: dict[str, Path] = {}
         self._lock = threading.Lock()
         self.pipeline: Pipeline | None = None
+        self.tracker: Any = None  # this session's tracker, closed when its pipeline ends
         self.control: ControllableSource | None = None
         from vostream.sinks.websocket import AnnotationRecord, FrameHub
 
@@ -283,6 +284,7 @@ class Session:
         if supervisor is not None:  # a live feed: its state changes (reconnecting, running, ...) reach the clients
             supervisor.add_listener(lambda event: self.notify("state"))
         tracker = load_tracker(self.options.backend, **self.options.tracker_options)
+        self.tracker = tracker
         stages = [PreprocessStage(tracker.input_spec, ring=3 * self.options.queue_size + 8), TrackStage(tracker),
                   PostprocessStage()]
         sinks: list[Any] = [ViewerSinkSpec(self.hub, session=self.id, jpeg_quality=self.options.jpeg_quality,
@@ -305,7 +307,16 @@ class Session:
         except Exception as exc:  # noqa: BLE001 - reported to the clients, not raised into a dead thread
             self.error = f"{type(exc).__name__}: {exc}"
         self.ended = True
+        self._close_tracker()
         self.notify("end")
+
+    def _close_tracker(self) -> None:
+        tracker, self.tracker = self.tracker, None
+        if tracker is not None:
+            try:
+                tracker.close()
+            except Exception:  # noqa: BLE001 - releasing memory must not fail the session's end
+                logger.exception("session %s: closing the tracker failed", self.id)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the pipeline (cancel), wait up to ``timeout`` s, remove exports.  Idempotent."""
@@ -317,6 +328,8 @@ class Session:
                 logger.warning("session %s did not stop within %.1f s", self.id, timeout)
             except VostreamError:
                 pass
+        if self.ended:
+            self._close_tracker()
         if self.export_dir is not None:
             shutil.rmtree(self.export_dir, ignore_errors=True)
             self.export_dir = None

@@ -69,6 +69,7 @@ class TrackStage(Stage[Frame, Frame]):
         self.applied_prompts = 0
         self.unapplied: list[Any] = []
         self._objects = 0
+        self._backend: dict[str, Any] = {}  # the session's last metrics(), kept after close for the final stats
         for p in prompts:
             self._schedule(p, injected=False)
 
@@ -137,17 +138,33 @@ class TrackStage(Stage[Frame, Frame]):
 
     def close(self) -> None:
         if self.session is not None:
+            self._backend = self._session_metrics()  # the engine's final stats() call comes after close()
             self.session.close()
             self.session = None
 
+    def _session_metrics(self) -> dict[str, Any]:
+        if self.session is None:
+            return self._backend
+        try:
+            return dict(self.session.metrics() or {})
+        except Exception:  # backend counters are best effort, never a reason to fail a run
+            logger.debug("tracker session metrics() failed", exc_info=True)
+            return self._backend
+
     def stats(self) -> dict[str, Any]:
-        return {
+        """Prompt counters, plus the tracker session's own ``metrics()`` (host<->device bytes, ms per graph of the
+        SAM-2 backends) under ``"backend"`` when it reports any."""
+        out: dict[str, Any] = {
             "objects": self._objects,
             "applied_prompts": self.applied_prompts,
             "late_prompts": self.late_prompts,
             "rejected_prompts": self.rejected_prompts,
             "unapplied_prompts": len(self.unapplied),
         }
+        self._backend = self._session_metrics()
+        if self._backend:
+            out["backend"] = self._backend
+        return out
 
 
 __all__ = ["Control", "RemoveObject", "ResetTracker", "TrackStage"]

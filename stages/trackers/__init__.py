@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from vostream.pipeline.errors import BackendError, ConfigError
@@ -12,6 +13,9 @@ from .base import InputSpec, Tracker, TrackerSession
 #: backend name -> "module:factory"; modules are imported lazily so optional runtimes stay optional.
 BACKENDS: dict[str, str] = {
     "classic": "vostream.stages.trackers.classic:ClassicTracker",
+    # SAM 2.1 / EdgeTAM / SAM 3 tracker exports (``vostream export``) on ONNX Runtime: CPU, CUDA, TensorRT
+    "onnx": "vostream.stages.trackers.sam2:OnnxTracker",
+    # "acl": "vostream.stages.trackers.sam2:AclTracker",  # Ascend NPUs (issue 4)
 }
 
 
@@ -27,7 +31,27 @@ def load_tracker(backend: str = "classic", **options: Any) -> Tracker:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise BackendError(f"tracker backend {backend!r} cannot be imported: {exc}") from exc
-    return getattr(module, attr)(**options)
+    factory = getattr(module, attr)
+    _check_options(backend, factory, options)
+    return factory(**options)
+
+
+def _check_options(backend: str, factory: Any, options: dict[str, Any]) -> None:
+    """A :class:`ConfigError` naming the options ``factory`` does not take (``--model`` or ``--provider`` given to
+    the classic backend), instead of the ``TypeError`` the call would raise.  Factories with ``**kwargs`` check
+    their own options."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # not introspectable: let the call decide
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = [n for n, p in params.items() if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                          inspect.Parameter.KEYWORD_ONLY)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ConfigError(f"tracker backend {backend!r} does not take option(s) {', '.join(unknown)}; "
+                          f"it takes: {', '.join(known) or 'none'}")
 
 
 __all__ = ["BACKENDS", "InputSpec", "Tracker", "TrackerSession", "load_tracker"]

@@ -193,6 +193,10 @@ class OrtRuntime(Runtime):
         if session_options is None:
             session_options = self._ort.SessionOptions()
             session_options.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            # the tracker shares the cores with decode/preprocess/postprocess threads: idle ORT workers must sleep,
+            # not spin (spinning workers starve the other pipeline stages on small machines)
+            session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            session_options.log_severity_level = 3  # ORT's own warnings (shape-merge notes) are not actionable
         if threads is not None:
             if threads < 1:
                 raise BackendError(f"OrtRuntime: threads must be >= 1 (got {threads})")

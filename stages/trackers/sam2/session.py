@@ -21,7 +21,7 @@ from vostream.pipeline.types import Frame, Prompt, TrackResult
 
 from ..base import TrackerSession
 from .manifest import Manifest
-from .runtime import DeviceBuffer, Runtime
+from .runtime import DeviceBuffer, Runtime, TransferStats
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +132,8 @@ class Sam2Session(TrackerSession):
         self._steps = 0
         self._closed = False
         self.stats = Sam2Stats()
+        #: this session's host<->device traffic and graph time (the runtime's counters are shared by sessions)
+        self.traffic = TransferStats()
 
     # ------------------------------------------------------------------------------------------- prompts
     @property
@@ -188,13 +190,15 @@ class Sam2Session(TrackerSession):
     def metrics(self) -> dict[str, Any]:
         """Per-frame averages since the session started: host<->device bytes (the bank is never among them),
         graph runs and milliseconds per graph."""
-        st = self.rt.stats
+        st = self.traffic
         n = max(1, self.stats.frames)
-        return {"frames": self.stats.frames, "cond_frames": self.stats.cond_frames,
-                "evicted_cond_frames": self.stats.evicted_cond,
-                "h2d_bytes_per_frame": st.h2d_bytes / n, "d2h_bytes_per_frame": st.d2h_bytes / n,
-                "d2d_bytes_per_frame": st.d2d_bytes / n,
-                "graph_ms_per_frame": {k: round(v * 1e3 / n, 3) for k, v in st.run_s.items()}}
+        out: dict[str, Any] = {
+            "frames": self.stats.frames, "cond_frames": self.stats.cond_frames,
+            "evicted_cond_frames": self.stats.evicted_cond,
+            "h2d_bytes_per_frame": st.h2d_bytes / n, "d2h_bytes_per_frame": st.d2h_bytes / n,
+            "d2d_bytes_per_frame": st.d2d_bytes / n}
+        out.update({f"{k}_ms_per_frame": round(v * 1e3 / n, 3) for k, v in st.run_s.items()})
+        return out
 
     def _to_model(self, prompt: Prompt, src_w: int, src_h: int) -> _Input:
         sx, sy = self.S / src_w, self.S / src_h
@@ -222,6 +226,25 @@ class Sam2Session(TrackerSession):
 
     # ---------------------------------------------------------------------------------------------- step
     def step(self, frame: Frame) -> TrackResult:
+        before = self.rt.stats.snapshot()
+        try:
+            return self._step(frame)
+        finally:  # this session's share of the (possibly shared) runtime's counters
+            self._add_traffic(self.rt.stats.minus(before))
+
+    def _add_traffic(self, d: TransferStats) -> None:
+        t = self.traffic
+        t.h2d_bytes += d.h2d_bytes
+        t.d2h_bytes += d.d2h_bytes
+        t.d2d_bytes += d.d2d_bytes
+        t.h2d_calls += d.h2d_calls
+        t.d2h_calls += d.d2h_calls
+        for k, v in d.runs.items():
+            t.runs[k] = t.runs.get(k, 0) + v
+        for k, x in d.run_s.items():
+            t.run_s[k] = t.run_s.get(k, 0.0) + x
+
+    def _step(self, frame: Frame) -> TrackResult:
         if self._closed:
             raise BackendError("SAM-2 session is closed")
         x = frame.tensor

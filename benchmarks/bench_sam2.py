@@ -1,0 +1,184 @@
+"""Benchmark the SAM-2-family ``onnx`` backend against the ``transformers`` reference, side by side in one run.
+
+For each configuration (the three tiny test families, and ``--large``: the SAM 2.1 hiera-tiny architecture at 512 px
+with random weights, 38.9M parameters) it exports the model, then runs the same frames and the same prompt through
+HF's streaming tracker and through ``Sam2Session`` on ``OrtRuntime`` (CPU), alternating the two per round so that
+machine noise hits both.  Reported per configuration:
+
+- ms/frame (median over tracking frames) for HF and for ours, and the ratio ours / HF (target <= 0.7);
+- ms per graph per frame (from the runtime's counters);
+- bytes host->device and device->host per frame after warm-up, and the bank + pointer bytes per object that stay
+  on the device;
+- model load time: a fresh process from start to the first mask (``--load-time``).
+
+Both sides use the same number of intra-op threads (``--threads``, default 1 and 2).
+
+    python benchmarks/bench_sam2.py [--large] [--frames 40] [--threads 1 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import sam2_reference as ref  # noqa: E402
+
+from vostream.pipeline.types import Frame, Prompt  # noqa: E402
+from vostream.stages.trackers.sam2 import OnnxTracker  # noqa: E402
+from vostream.stages.trackers.sam2.export import export_model  # noqa: E402
+
+
+def large_model() -> Any:
+    """SAM 2.1 hiera-tiny architecture (HF's default ``Sam2VideoConfig``) at 512 px, random weights."""
+    import torch
+    from transformers import Sam2VideoConfig, Sam2VideoModel
+
+    cfg = Sam2VideoConfig()
+    s = 512
+    cfg.image_size = s
+    cfg.vision_config.backbone_config.image_size = [s, s]
+    cfg.vision_config.backbone_feature_sizes = [[s // 4] * 2, [s // 8] * 2, [s // 16] * 2]
+    cfg.memory_attention_rope_feat_sizes = [s // 16, s // 16]
+    cfg.prompt_encoder_config.image_size = s
+    torch.manual_seed(0)
+    model = Sam2VideoModel(cfg).eval()
+    ref._randomize_zero_params(model, 0)
+    ref._set_present_head(model)
+    return model
+
+
+def run_ours(tracker: OnnxTracker, frames: list[np.ndarray], tensors: list[np.ndarray], click: tuple[float, float],
+             warm: int) -> tuple[list[float], Any]:
+    s = tracker.new_session()
+    s.add_prompt(Prompt(1, 0, [click], [1]))
+    times = []
+    before = None
+    for i, (img, x) in enumerate(zip(frames, tensors)):
+        if i == warm:
+            before = tracker.runtime.stats.snapshot()
+        f = Frame(i, img)
+        f.tensor = x
+        t0 = time.perf_counter()
+        s.step(f)
+        times.append((time.perf_counter() - t0) * 1e3)
+    assert before is not None
+    delta = tracker.runtime.stats.minus(before)
+    s.close()
+    return times[1:], delta
+
+
+def run_hf(model: Any, tensors: list[np.ndarray], click: tuple[float, float]) -> list[float]:
+    runner = ref.ReferenceRunner(model)
+    times = []
+    for i, x in enumerate(tensors):
+        runner.step(x, [ref.PromptSpec(1, points=[click], labels=[1])] if i == 0 else ())
+        times.append(runner.last_step_s * 1e3)
+    return times[1:]
+
+
+def load_time(export: Path, size: int) -> float:
+    """Seconds from a fresh interpreter's start to the first mask (import, load graphs, one step)."""
+    code = (
+        "import time, psutil, numpy as np\n"
+        "from vostream.stages.trackers.sam2 import OnnxTracker\n"
+        "from vostream.pipeline.types import Frame, Prompt\n"
+        f"t = OnnxTracker({str(export)!r}); s = t.new_session(); s.add_prompt(Prompt(1, 0, [[8, 8]], [1]))\n"
+        f"f = Frame(0, np.zeros(({size}, {size}, 3), np.uint8)); f.tensor = np.zeros((1, 3, {size}, {size}), "
+        "np.float32)\n"
+        "r = s.step(f)\n"
+        "print(time.time() - psutil.Process().create_time())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def bench(name: str, model: Any, family: str, ckpt_or_none: Path | None, work: Path, n: int, threads: list[int],
+          rounds: int) -> dict[str, Any]:
+    import torch
+
+    export = work / f"export_{name}"
+    ckpt = ckpt_or_none or work / f"ckpt_{name}"
+    if ckpt_or_none is None:
+        model.save_pretrained(ckpt)
+    t0 = time.perf_counter()
+    manifest = export_model(str(ckpt), export, overwrite=True)
+    export_s = time.perf_counter() - t0
+    size = manifest.image_size
+    mean, std = ref.mean_std(family)
+    frames = ref.make_frames(n, size, occluded=())
+    tensors = [ref.to_tensor(f, mean, std) for f in frames]
+    click = ref.shape_center(0, size, "disk")
+    res: dict[str, Any] = {"family": family, "image_size": size, "params": manifest.source.get("parameters"),
+                           "export_s": round(export_s, 1), "threads": {}}
+    for th in threads:
+        torch.set_num_threads(th)
+        tracker = OnnxTracker(export, threads=th)
+        hf_all: list[float] = []
+        ours_all: list[float] = []
+        delta = None
+        for _ in range(rounds):  # alternate so drifts in machine load hit both sides
+            hf_all += run_hf(model, tensors, click)
+            times, delta = run_ours(tracker, frames, tensors, click, warm=3)
+            ours_all += times
+        assert delta is not None
+        frames_counted = n - 3
+        hf_ms, ours_ms = statistics.median(hf_all), statistics.median(ours_all)
+        res["threads"][th] = {
+            "hf_ms": round(hf_ms, 2), "onnx_ms": round(ours_ms, 2), "ratio": round(ours_ms / hf_ms, 3),
+            "graph_ms": {k: round(v * 1e3 / frames_counted, 2) for k, v in delta.run_s.items()},
+            "h2d_bytes_per_frame": delta.h2d_bytes / frames_counted,
+            "d2h_bytes_per_frame": delta.d2h_bytes / frames_counted,
+            "d2d_bytes_per_frame": delta.d2d_bytes / frames_counted,
+        }
+        tracker.close()
+        print(f"{name} threads={th}: HF {hf_ms:.1f} ms/frame, onnx {ours_ms:.1f} ms/frame, ratio "
+              f"{ours_ms / hf_ms:.2f}; per graph {res['threads'][th]['graph_ms']}", flush=True)
+    m = manifest
+    res["bank_bytes_per_object"] = (m.cond_slots + m.recent_slots) * m.tokens_per_slot * m.mem_dim * 4
+    res["pointer_bytes_per_object"] = m.pointer_slots * m.hidden_dim * 4
+    res["load_to_first_mask_s"] = round(load_time(export, size), 2)
+    print(f"{name}: bank {res['bank_bytes_per_object'] / 1024:.0f} KiB + pointers "
+          f"{res['pointer_bytes_per_object'] / 1024:.1f} KiB per object stay on the device; H2D "
+          f"{res['threads'][threads[0]]['h2d_bytes_per_frame'] / 1024:.1f} KiB/frame, D2H "
+          f"{res['threads'][threads[0]]['d2h_bytes_per_frame'] / 1024:.1f} KiB/frame; load to first mask "
+          f"{res['load_to_first_mask_s']} s", flush=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--frames", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--families", nargs="+", default=list(ref.FAMILIES))
+    ap.add_argument("--large", action="store_true", help="also the hiera-tiny architecture at 512 px")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for fam in args.families:
+            ckpt = ref.save_tiny(fam, work / f"ckpt_{fam}", obj_score="present")
+            model = ref.load_tiny(fam, ckpt)
+            results[f"tiny_{fam}"] = bench(f"tiny_{fam}", model, fam, ckpt, work, args.frames, args.threads,
+                                           args.rounds)
+        if args.large:
+            results["sam2.1_tiny_arch_512"] = bench("sam2.1_tiny_arch_512", large_model(), "sam2", None, work,
+                                                    max(12, args.frames // 3), args.threads, 1)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""Shared fixtures.  ``sam2_tiny``: a tiny random SAM-2-family checkpoint and its export, made once per session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def sam2_tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
+    """``sam2_tiny(family) -> (checkpoint_dir, export_dir)`` for family in sam2 / edgetam / sam3_tracker.
+
+    The checkpoint comes from ``tests/sam2_reference.save_tiny`` (random weights, no downloads); the export is
+    ``vostream export``'s.  Skips when torch / transformers are not installed."""
+    cache: dict[str, tuple[Path, Path]] = {}
+
+    def make(family: str) -> tuple[Path, Path]:
+        if family not in cache:
+            pytest.importorskip("torch")
+            pytest.importorskip("transformers")
+            import sam2_reference as ref
+
+            from vostream.stages.trackers.sam2.export import export_model
+
+            root = tmp_path_factory.mktemp(f"sam2_{family}")
+            ckpt = ref.save_tiny(family, root / "ckpt")
+            out = root / "export"
+            export_model(str(ckpt), out)
+            cache[family] = (ckpt, out)
+        return cache[family]
+
+    return make

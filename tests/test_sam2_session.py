@@ -1,0 +1,196 @@
+"""The SAM-2 streaming session on a tiny export, without the reference: what crosses host<->device, objects coming
+and going, reset, skipped frames, bad prompts, leaks, and steady-state memory over 1,000+ frames."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import sam2_reference as ref  # noqa: E402
+
+from vostream.pipeline.errors import PromptError  # noqa: E402
+from vostream.pipeline.types import Frame, Prompt  # noqa: E402
+from vostream.stages.trackers.sam2 import OnnxTracker  # noqa: E402
+from vostream.stages.trackers.sam2.session import resize_aa  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def clip() -> tuple[list[np.ndarray], list[np.ndarray], int]:
+    size = 128
+    frames = ref.make_frames(24, size, occluded=(10,))
+    mean, std = ref.mean_std("sam2")
+    return frames, [ref.to_tensor(f, mean, std) for f in frames], size
+
+
+def _frame(i: int, img: np.ndarray, x: np.ndarray) -> Frame:
+    f = Frame(i, img)
+    f.tensor = x
+    return f
+
+
+def test_only_image_and_metadata_cross_per_frame(sam2_tiny: Any, clip: Any) -> None:
+    """After warm-up, per frame: H2D = the image + a few hundred bytes of metadata; D2H = 4 low-res planes + IoU
+    + score per object.  The bank (C+N slots of T x M floats per object) and the pointers never cross."""
+    _, export = sam2_tiny("sam2")
+    frames, tensors, size = clip
+    tracker = OnnxTracker(export, threads=1)
+    m = tracker.manifest
+    s = tracker.new_session()
+    s.add_prompt(Prompt(1, 0, [[40, 45]], [1]))
+    s.add_prompt(Prompt(2, 0, box=(70, 70, 110, 100)))
+    for i in range(4):
+        s.step(_frame(i, frames[i], tensors[i]))
+    before = tracker.runtime.stats.snapshot()
+    n = 10
+    for i in range(4, 4 + n):
+        s.step(_frame(i, frames[i], tensors[i]))
+    d = tracker.runtime.stats.minus(before)
+    objects, L, Q, P = 2, m.cond_slots + m.recent_slots, m.pointer_slots, m.mask_size
+    image = 4 * 3 * size * size
+    # per object: slot_tpos (int64) + slot_valid + ptr_tdiff + ptr_valid, one padding point + label, and the
+    # has_mask / plane / token / use_mask_prompt / binarize scalars
+    meta = L * 8 + L * 4 + Q * 4 + Q * 4 + 8 + 4 + 4 + 8 + 8 + 4 + 4
+    assert d.h2d_bytes == n * (image + objects * meta)
+    assert d.d2h_bytes == n * objects * (4 * P * P * 4 + 4 * 4 + 4)
+    bank = L * m.tokens_per_slot * m.mem_dim * 4
+    assert bank > objects * meta  # the bound above excludes the bank by construction, not by accident
+    assert d.d2d_bytes == 0
+    assert d.runs == {"image_encoder": n, "memory_attention": n * objects, "decoder": n * objects,
+                      "memory_encoder": n * objects}
+    metrics = s.metrics()
+    assert metrics["frames"] == 4 + n and metrics["h2d_bytes_per_frame"] > image
+    s.close()
+    tracker.close()
+    assert tracker.runtime.live_buffers() == 0
+
+
+def _run(export: Any, frames: list[np.ndarray], tensors: list[np.ndarray], prompts: dict[int, list[Prompt]],
+         removals: dict[int, int] | None = None, indices: list[int] | None = None) -> list[dict[int, np.ndarray]]:
+    tracker = OnnxTracker(export, threads=1)
+    s = tracker.new_session()
+    out = []
+    for k, (img, x) in enumerate(zip(frames, tensors)):
+        idx = indices[k] if indices else k
+        for p in prompts.get(k, []):
+            s.add_prompt(Prompt(p.obj_id, idx, p.points, p.labels, p.box, p.mask))
+        if removals and k in removals:
+            s.remove_object(removals[k])
+        r = s.step(_frame(idx, img, x))
+        assert r.frame_index == idx
+        out.append({int(o): r.logits[j].copy() for j, o in enumerate(r.obj_ids)})
+    s.close()
+    tracker.close()
+    return out
+
+
+def test_removing_an_object_leaves_the_others_unchanged(sam2_tiny: Any, clip: Any) -> None:
+    _, export = sam2_tiny("sam2")
+    frames, tensors, _ = clip
+    one = Prompt(1, 0, [[40, 45]], [1])
+    two = Prompt(2, 0, [[90, 85]], [1])
+    both = _run(export, frames, tensors, {0: [one, two]}, removals={9: 2})
+    alone = _run(export, frames, tensors, {0: [one, two]}, removals={1: 2})
+    for k in range(len(frames)):
+        assert (2 in both[k]) == (k < 9)
+        np.testing.assert_array_equal(both[k][1], alone[k][1])
+
+
+def test_skipped_source_frames_are_invisible_to_the_model(sam2_tiny: Any, clip: Any) -> None:
+    """Live feeds drop frames: the model's clock is the count of processed frames, as in the reference."""
+    _, export = sam2_tiny("sam2")
+    frames, tensors, _ = clip
+    prompts = {0: [Prompt(1, 0, [[40, 45]], [1])], 7: [Prompt(1, 0, [[44, 40]], [1])]}
+    dense = _run(export, frames, tensors, prompts)
+    gaps = [0, 1, 5, 6, 9, 20, 21, 22, 40, 41, 42, 43, 50, 51, 60, 61, 62, 70, 71, 80, 81, 82, 90, 91]
+    sparse = _run(export, frames, tensors, prompts, indices=gaps[:len(frames)])
+    for a, b in zip(dense, sparse):
+        np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_reset_corrections_beyond_the_slots_and_no_leaks(sam2_tiny: Any, clip: Any) -> None:
+    _, export = sam2_tiny("sam2")
+    frames, tensors, _ = clip
+    tracker = OnnxTracker(export, threads=1)
+    s = tracker.new_session()
+    scratch = tracker.runtime.live_buffers()
+    s.add_prompt(Prompt(1, 0, [[40, 45]], [1]))
+    s.add_prompt(Prompt(3, 0, mask=np.pad(np.ones((20, 30), bool), ((50, 58), (60, 38)))))
+    for i in range(8):
+        if i in (2, 4, 6):  # three corrections > C = 2 conditioning slots: the oldest is evicted each time
+            s.add_prompt(Prompt(1, i, [[42, 44]], [1]))
+        r = s.step(_frame(i, frames[i], tensors[i]))
+        assert list(r.obj_ids) == [1, 3]
+        assert np.isfinite(r.logits).all()
+    assert s.stats.evicted_cond == 2
+    assert tracker.runtime.live_buffers() == scratch + 2 * 2  # a bank and a pointer ring per object
+    s.reset()
+    assert s.object_ids == [] and tracker.runtime.live_buffers() == scratch
+    s.add_prompt(Prompt(5, 8, [[40, 45]], [1]))
+    r = s.step(_frame(8, frames[8], tensors[8]))
+    assert list(r.obj_ids) == [5]
+    s.close()
+    s.close()  # idempotent
+    tracker.close()
+    assert tracker.runtime.live_buffers() == 0
+
+
+def test_bad_prompts_are_rejected_without_changing_state(sam2_tiny: Any, clip: Any) -> None:
+    _, export = sam2_tiny("sam2")
+    frames, tensors, _ = clip
+    tracker = OnnxTracker(export, threads=1)
+    s = tracker.new_session()
+    with pytest.raises(PromptError, match="only negative"):
+        s.add_prompt(Prompt(1, 0, [[40, 45]], [0]))
+    with pytest.raises(PromptError, match="not both"):
+        s.add_prompt(Prompt(1, 0, [[40, 45]], [1], mask=np.ones((128, 128), bool)))
+    with pytest.raises(PromptError, match="not tracked"):
+        s.remove_object(4)
+    s.add_prompt(Prompt(1, 0, [[400, 45]], [1]))  # outside the 128x128 stream: caught at the frame
+    with pytest.raises(PromptError):
+        s.step(_frame(0, frames[0], tensors[0]))
+    with pytest.raises(Exception, match="float32"):
+        s.step(_frame(0, frames[0], tensors[0][:, :, :64]))
+    s.close()
+    tracker.close()
+
+
+def test_antialiased_resize_matches_torch() -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    for (h, w), (oh, ow) in [((128, 128), (32, 32)), ((112, 112), (32, 32)), ((28, 28), (32, 32)),
+                             ((480, 854), (128, 128))]:
+        x = rng.standard_normal((h, w)).astype(np.float32)
+        want = torch.nn.functional.interpolate(torch.from_numpy(x)[None, None], size=(oh, ow), mode="bilinear",
+                                               align_corners=False, antialias=True)[0, 0].numpy()
+        np.testing.assert_allclose(resize_aa(x, oh, ow), want, atol=2e-5)
+
+
+@pytest.mark.slow
+def test_steady_state_host_memory_is_flat(sam2_tiny: Any) -> None:
+    psutil = pytest.importorskip("psutil")
+    _, export = sam2_tiny("sam2")
+    tracker = OnnxTracker(export, threads=1)
+    s = tracker.new_session()
+    rng = np.random.default_rng(0)
+    pool = [rng.standard_normal((1, 3, 128, 128)).astype(np.float32) for _ in range(8)]
+    img = np.zeros((128, 128, 3), np.uint8)
+    s.add_prompt(Prompt(1, 0, [[40, 45]], [1]))
+    s.add_prompt(Prompt(2, 0, [[90, 85]], [1]))
+    proc = psutil.Process()
+    rss = []
+    for i in range(1200):
+        s.step(_frame(i, img, pool[i % len(pool)]))
+        if i in (199, 1199):
+            gc.collect()
+            rss.append(proc.memory_info().rss)
+    growth = (rss[1] - rss[0]) / 2**20
+    assert growth < 4.0, f"RSS grew {growth:.1f} MiB over 1,000 frames after warm-up"
+    assert s.stats.frames == 1200
+    s.close()
+    tracker.close()
