@@ -84,6 +84,9 @@ class Runtime(ABC):
     """One device, one driving thread; not thread-safe.  Every method raises ``BackendError`` naming the call."""
 
     name: str = "runtime"
+    #: most prompt points (clicks + box corners) one decoder call takes; None = no limit beyond the session's own
+    #: (the Ascend decoder is compiled for a fixed set of point counts)
+    max_points: int | None = None
 
     def __init__(self) -> None:
         self.stats = TransferStats()

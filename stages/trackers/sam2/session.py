@@ -151,8 +151,10 @@ class Sam2Session(TrackerSession):
         if not has_pos and oid not in self._objects and oid not in self._pending:
             raise PromptError(f"object {oid}: a prompt with only negative points needs a known object; add a "
                               f"positive point, a box or a mask to start object {oid}")
-        if len(prompt.points) + (2 if prompt.box is not None else 0) > MAX_POINTS - 1:
-            raise PromptError(f"object {oid}: at most {MAX_POINTS - 1} points (a box counts as two) per frame")
+        limit = min(MAX_POINTS - 1, int(getattr(self.rt, "max_points", None) or MAX_POINTS - 1))
+        if len(prompt.points) + (2 if prompt.box is not None else 0) > limit:
+            raise PromptError(f"object {oid}: at most {limit} points (a box counts as two) per object per frame "
+                              f"on the {self.rt.name} runtime")
         if not has_pos and oid in self._pending and oid not in self._objects:
             p = self._pending[oid]  # merge negatives into the pending prompt that starts this object
             prompt = Prompt(oid, prompt.frame_index, np.concatenate([p.points, prompt.points]),
