@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--cond-slots", type=int, metavar="C",
                    help="conditioning-frame memory slots kept per object (default: the family's)")
     e.add_argument("--force", action="store_true", help="replace an existing export in --out")
+    from vostream.stages.trackers.sam2.export.atc import add_om_arguments
+
+    add_om_arguments(e)
     _add_common(e)
 
     from .annotate import add_annotate_parser
@@ -207,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .serve import add_serve_parser
 
     add_serve_parser(sub, _add_common)
+
+    from .doctor import add_doctor_parser
+
+    add_doctor_parser(sub, _add_common)
     return parser
 
 
@@ -296,6 +303,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"exported {args.model} ({manifest.family}, {manifest.image_size}px): {len(manifest.graphs)} graphs "
           f"({sizes}; {_dir_mb(out):.1f} MB in all) to {out} in {time.perf_counter() - t0:.1f} s; "
           f"track with: vostream track SOURCE --backend onnx --model {out}")
+    from vostream.stages.trackers.sam2.export.atc import describe, om_from_args
+
+    record = om_from_args(args, manifest, out, progress=say)
+    if record is not None:
+        print(f"{describe(record)}; track with: vostream track SOURCE --backend acl --model {out}")
     return 0
 
 
@@ -303,6 +315,12 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     from .annotate import cmd_annotate as run_batch
 
     return run_batch(args)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import cmd_doctor as run_doctor
+
+    return run_doctor(args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -323,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("vostream.pipeline.run").setLevel(logging.INFO)
     try:
         return {"track": cmd_track, "demo": cmd_demo, "export": cmd_export, "annotate": cmd_annotate,
-                "serve": cmd_serve}[args.command](args)
+                "serve": cmd_serve, "doctor": cmd_doctor}[args.command](args)
     except VostreamError as exc:
         if args.debug:
             logger.exception("failed")

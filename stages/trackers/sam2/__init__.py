@@ -65,7 +65,7 @@ class Sam2Tracker(Tracker):
 
     name = "sam2"
 
-    def __init__(self, model: str | Path, runtime: Runtime) -> None:
+    def __init__(self, model: str | Path, runtime: Runtime, max_objects: int | None = None) -> None:
         if model is None:
             raise ConfigError("this backend needs --model DIR (a directory written by 'vostream export')")
         self.model_dir = Path(model)
@@ -78,6 +78,8 @@ class Sam2Tracker(Tracker):
             runtime.close()
             raise
         self.load_s = time.perf_counter() - t0
+        #: objects one session may hold (None: no limit); device memory is planned for this many
+        self.max_objects = max_objects
         self._lock = threading.Lock()
         self._closed = False
 
@@ -88,7 +90,10 @@ class Sam2Tracker(Tracker):
 
     def new_session(self) -> TrackerSession:
         with self._lock:
-            inner = Sam2Session(self.runtime, self.manifest)
+            check = getattr(self.runtime, "check_memory", None)
+            if check is not None and self.max_objects is not None:
+                check(self.manifest, self.max_objects)  # free memory is measured now: open sessions count
+            inner = Sam2Session(self.runtime, self.manifest, max_objects=self.max_objects)
         return _LockedSession(inner, self._lock)
 
     def close(self) -> None:

@@ -87,8 +87,9 @@ class Sam2Session(TrackerSession):
     """One stream on one :class:`Runtime`.  Prompts are in source pixels; ``frame.tensor`` is the preprocessed
     ``[1, 3, S, S]`` float32 image (``Sam2Tracker.input_spec``)."""
 
-    def __init__(self, runtime: Runtime, manifest: Manifest) -> None:
+    def __init__(self, runtime: Runtime, manifest: Manifest, max_objects: int | None = None) -> None:
         self.rt = runtime
+        self.max_objects = max_objects
         self.m = manifest
         self.alg = manifest.algorithm
         m = manifest
@@ -151,6 +152,10 @@ class Sam2Session(TrackerSession):
         if not has_pos and oid not in self._objects and oid not in self._pending:
             raise PromptError(f"object {oid}: a prompt with only negative points needs a known object; add a "
                               f"positive point, a box or a mask to start object {oid}")
+        known = set(self._objects) | set(self._pending)
+        if self.max_objects is not None and oid not in known and len(known) >= self.max_objects:
+            raise PromptError(f"object {oid}: this session already tracks {len(known)} objects, the most the "
+                              f"{self.rt.name} backend was set up for (max_objects={self.max_objects})")
         limit = min(MAX_POINTS - 1, int(getattr(self.rt, "max_points", None) or MAX_POINTS - 1))
         if len(prompt.points) + (2 if prompt.box is not None else 0) > limit:
             raise PromptError(f"object {oid}: at most {limit} points (a box counts as two) per object per frame "
@@ -210,8 +215,8 @@ class Sam2Session(TrackerSession):
                 raise PromptError(f"object {prompt.obj_id}: mask prompt is {mask.shape[1]}x{mask.shape[0]}, the "
                                   f"stream is {src_w}x{src_h}")
             m = mask.astype(np.float32)
-            if m.shape != (self.S, self.S):
-                m = resize_aa(m, self.S, self.S)
+            if m.shape != (self.S, self.S):  # as HF's processor: antialiased resize, then threshold at 0.5
+                m = (resize_aa(m, self.S, self.S) > 0.5).astype(np.float32)
             return _Input(np.zeros((1, 2), np.float32), np.full((1,), -1, np.int32), mask=m)
         pts: list[np.ndarray] = []
         labels: list[np.ndarray] = []

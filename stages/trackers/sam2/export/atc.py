@@ -1,0 +1,480 @@
+"""ONNX export -> Ascend ``.om`` models: the ATC command lines, a conversion script, and (where ``atc`` exists) the run.
+
+Why a separate step: ``vostream export`` runs anywhere (CPU, no CANN); ATC runs only where the CANN toolkit is
+installed, usually the Ascend host itself.  So the export directory always gets ``atc_convert.sh`` (paths relative to
+the directory, so it can be copied), plus one ``<graph>.keep_dtype.cfg`` per graph for the mixed-precision build;
+``convert_export`` runs the commands when ``atc`` is on ``PATH`` (or when asked to).
+
+Choices, from ``shared/reference/ascend-acl.md`` §6 and the CANN ATC parameter pages:
+
+* ``--framework=5`` (ONNX), ``--soc_version`` = "Ascend" + the ``Name`` column of ``npu-smi info`` (the .om only runs
+  on that SoC), ``--input_shape`` with every input's static shape from the manifest, ``--log=error``.
+* The decoder's ``points`` [1,K,2] / ``labels`` [1,K] become ``-1`` in ``--input_shape`` plus ``--dynamic_dims`` with
+  one gear per allowed K (``"1,1;2,2;...;8,8"``: one value per ``-1`` across all inputs), which needs
+  ``--input_format=ND``; 2..100 gears are allowed.  A single gear is compiled as a static shape instead.
+* Precision ``fp16-mixed`` (default): ``--precision_mode_v2=fp16`` (fp16 wherever an operator supports both) plus
+  ``--keep_dtype=<graph>.keep_dtype.cfg`` listing, by ONNX node name, every LayerNormalization and Softmax (all
+  graphs), the memory encoder's Sigmoid and threshold (Greater) nodes, and the Casts that round through bfloat16.
+  ``--keep_dtype`` is documented to work with ``--precision_mode_v2`` except when it is ``origin``; node names are
+  the original model's operator names (OpType lines would need Ascend-IR type names, which we do not guess).
+  ``fp32``: ``--precision_mode_v2=origin`` (keep the graph's fp32 everywhere; slower).
+* CANN versions: ``--precision_mode_v2`` is documented from CANN 6.2.RC2; ONNX opset 17 is documented as accepted
+  by CANN 7.0.0 (opsets 9-18) and 9.x (11-18), but the 8.0.RC1 page lists only 11-15 and 6.0.1 only 11.
+
+Nothing here needs CANN, torch or a device; reading node names needs the ``onnx`` package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from vostream.pipeline.errors import BackendError, ConfigError
+
+from ..manifest import GraphSpec, Manifest, load_manifest
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SOC = "Ascend910B3"
+DEFAULT_K_GEARS: tuple[int, ...] = tuple(range(1, 9))
+PRECISIONS = ("fp16-mixed", "fp32")
+SCRIPT_NAME = "atc_convert.sh"
+RECORD_NAME = "atc_convert.json"
+KEEP_DTYPE_SUFFIX = ".keep_dtype.cfg"
+MAX_GEARS = 100  # ATC: --dynamic_dims takes 2..100 gears
+
+#: SoC names ATC accepts for the products we target (``--soc_version``; "Ascend" + ``npu-smi info`` Name).
+KNOWN_SOCS: dict[str, str] = {
+    **{f"Ascend910B{v}": "Atlas A2 (Atlas 800T/800I A2, 910B)" for v in ("1", "2", "2C", "3", "4", "4-1")},
+    **{f"Ascend910_93{v}": "Atlas A3 (910C)" for v in ("91", "92", "81", "82", "72", "62")},
+    "Ascend310P1": "Atlas inference series (310P)",
+    "Ascend310P3": "Atlas inference series (310P, e.g. Atlas 300I Pro)",
+}
+
+#: ONNX opsets each CANN release's ATC documentation says it parses (reference §6).  Other releases: not documented
+#: in what we read; ATC itself reports an opset it cannot parse.
+DOCUMENTED_OPSETS: dict[str, tuple[int, int]] = {
+    "6.0": (11, 11),
+    "7.0": (9, 18),
+    "8.0.RC1": (11, 15),
+    "9": (11, 18),
+}
+#: no documented release accepts opsets outside this range
+OPSET_RANGE = (9, 18)
+
+#: op types kept at the graph's precision in every graph / additionally per graph (fp16-mixed)
+KEEP_OPS_ALL: tuple[str, ...] = ("LayerNormalization", "Softmax")
+KEEP_OPS_GRAPH: dict[str, tuple[str, ...]] = {"memory_encoder": ("Sigmoid", "Greater")}
+_ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
+
+CANN_VERSION_NOTE = (
+    "CANN: ONNX opset {opset} graphs need an ATC that parses opset {opset} (documented: CANN 7.0.0 opsets 9-18, "
+    "9.x 11-18; the 8.0.RC1 page lists only 11-15, 6.0.1 only 11); --precision_mode_v2 needs CANN >= 6.2.RC2; "
+    "--dynamic_dims needs --input_format=ND and 2..100 gears."
+)
+
+
+# ------------------------------------------------------------------------------------------------ validation
+def check_soc(soc_version: str, allow_unknown: bool = False) -> str:
+    """Return ``soc_version`` if it is a known ATC SoC name; ``ConfigError`` otherwise (unless ``allow_unknown``)."""
+    soc = str(soc_version).strip()
+    if not soc:
+        raise ConfigError("--soc-version is empty; use the 'Ascend' + Name column of npu-smi info, e.g. Ascend910B3")
+    if soc in KNOWN_SOCS or allow_unknown:
+        return soc
+    near = [s for s in KNOWN_SOCS if s.lower() == soc.lower()]
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    raise ConfigError(f"unknown --soc-version {soc!r}{hint}; known: {', '.join(KNOWN_SOCS)}. It must be 'Ascend' + "
+                      "the Name column of 'npu-smi info' on the inference host (pass allow_unknown_soc=True to use "
+                      "another one)")
+
+
+def check_gears(k_gears: Iterable[int]) -> tuple[int, ...]:
+    """Sorted unique positive gears, at most ``MAX_GEARS``; ``ConfigError`` otherwise."""
+    try:
+        gears = tuple(sorted({int(k) for k in k_gears}))
+    except (TypeError, ValueError):
+        raise ConfigError(f"K gears must be integers, got {k_gears!r}") from None
+    if not gears or gears[0] < 1:
+        raise ConfigError(f"K gears must be >= 1 (points per object per frame), got {list(gears)}")
+    if len(gears) > MAX_GEARS:
+        raise ConfigError(f"ATC --dynamic_dims allows at most {MAX_GEARS} gears, got {len(gears)}")
+    return gears
+
+
+def documented_opsets(cann_version: str | None) -> tuple[int, int] | None:
+    """The ONNX opset range the ATC docs of ``cann_version`` (e.g. ``"8.0.RC1"``) state, or None if not known."""
+    if not cann_version:
+        return None
+    v = cann_version.strip()
+    for key in sorted(DOCUMENTED_OPSETS, key=len, reverse=True):
+        if v == key or v.startswith(key + ".") or (key.isdigit() and v.split(".")[0] == key):
+            return DOCUMENTED_OPSETS[key]
+    return None
+
+
+def check_opset(opset: int, cann_version: str | None = None) -> list[str]:
+    """``ConfigError`` if no documented CANN release parses ``opset``; warnings (strings) if ``cann_version``'s docs
+    exclude it (ATC itself then reports it; docs can be conservative, so this is not an error)."""
+    lo, hi = OPSET_RANGE
+    if not lo <= int(opset) <= hi:
+        raise ConfigError(f"the export is ONNX opset {opset}; no CANN release's ATC is documented to parse it "
+                          f"(documented opsets {lo}-{hi}); re-export with --opset 17")
+    rng = documented_opsets(cann_version)
+    if rng and not rng[0] <= int(opset) <= rng[1]:
+        return [(f"CANN {cann_version}'s ATC docs list ONNX opsets {rng[0]}-{rng[1]}, the export is opset {opset}: "
+                 "conversion may fail; CANN 7.0.0 or 9.x is documented to accept opset 17")]
+    return []
+
+
+# ------------------------------------------------------------------------------------------------ CANN version
+def detect_cann_version(env: Mapping[str, str] | None = None) -> tuple[str | None, str]:
+    """``(version, source)`` of the installed CANN toolkit from ``ascend_toolkit_install.info`` (``version=...``)
+    under ``$ASCEND_TOOLKIT_HOME`` / ``$ASCEND_HOME_PATH`` (set by ``set_env.sh``) or the default install roots;
+    ``(None, reason)`` when none is found."""
+    env = os.environ if env is None else env
+    arch = platform.machine() or "x86_64"
+    roots: list[Path] = []
+    for var in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"):
+        if env.get(var):
+            roots.append(Path(env[var]))
+    roots += [Path("/usr/local/Ascend/ascend-toolkit/latest"), Path("/usr/local/Ascend/cann")]
+    for root in roots:
+        for info in (root / f"{arch}-linux" / "ascend_toolkit_install.info", root / "ascend_toolkit_install.info",
+                     root / "compiler" / "version.info"):
+            try:
+                text = info.read_text(errors="replace")
+            except OSError:
+                continue
+            m = re.search(r"^\s*version\s*=\s*(\S+)", text, re.IGNORECASE | re.MULTILINE)
+            if m:
+                return m.group(1), str(info)
+    return None, "no ascend_toolkit_install.info found (CANN toolkit not installed, or set_env.sh not sourced)"
+
+
+# ------------------------------------------------------------------------------------------------ commands
+def _dims(spec_shape: Sequence[int | str]) -> tuple[str, list[str]]:
+    """``"1,-1,2"`` and the dynamic-axis labels (in order) of one manifest shape."""
+    parts, labels = [], []
+    for d in spec_shape:
+        if isinstance(d, str):
+            parts.append("-1")
+            labels.append(d)
+        else:
+            parts.append(str(int(d)))
+    return ",".join(parts), labels
+
+
+def _graph_shapes(g: GraphSpec, gears: tuple[int, ...]) -> tuple[str, str | None, bool]:
+    """``(--input_shape, --dynamic_dims or None, dynamic)`` for one graph.  All dynamic axes of a graph must share one
+    label (the decoder's ``K``): each gear repeats its value once per ``-1``."""
+    shapes, labels = [], []
+    for t in g.inputs:
+        dims, lab = _dims(t.shape)
+        shapes.append(f"{t.name}:{dims}")
+        labels += lab
+    if not labels:
+        return ";".join(shapes), None, False
+    if len(set(labels)) > 1:
+        raise ConfigError(f"graph {g.name}: dynamic axes {sorted(set(labels))} — ATC gears here support one dynamic "
+                          "size per graph")
+    if len(gears) == 1:  # one gear: compile it static (ATC wants 2..100 gears for --dynamic_dims)
+        k = str(gears[0])
+        static = [f"{t.name}:{','.join(k if isinstance(d, str) else str(int(d)) for d in t.shape)}" for t in g.inputs]
+        return ";".join(static), None, False
+    gear_text = ";".join(",".join([str(k)] * len(labels)) for k in gears)
+    return ";".join(shapes), gear_text, True
+
+
+def keep_dtype_path(base: str | Path, g: GraphSpec) -> Path:
+    return Path(base) / f"{Path(g.file).stem}{KEEP_DTYPE_SUFFIX}"
+
+
+def atc_commands(manifest: Manifest, export_dir: str | Path, *, soc_version: str = DEFAULT_SOC,
+                 precision: str = "fp16-mixed", k_gears: Iterable[int] = DEFAULT_K_GEARS,
+                 out_dir: str | Path | None = None, cfg_dir: str | Path | None = None,
+                 allow_unknown_soc: bool = False, atc: str = "atc") -> list[list[str]]:
+    """One ``atc`` argv per graph of ``manifest`` (in manifest order).
+
+    ``export_dir``: where the ``.onnx`` files are (paths are joined as given, so ``Path(".")`` gives relative
+    commands); ``out_dir``: where ``<stem>.om`` is written (default ``export_dir``); ``cfg_dir``: where the
+    ``<stem>.keep_dtype.cfg`` files are (default ``export_dir``; they are written by :func:`convert_export`).
+    Raises ``ConfigError`` for an unknown SoC or precision, bad gears, or an opset no CANN parses."""
+    soc = check_soc(soc_version, allow_unknown_soc)
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown --om-precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    gears = check_gears(k_gears)
+    check_opset(manifest.opset)
+    base, out = Path(export_dir), Path(out_dir) if out_dir is not None else Path(export_dir)
+    cfg = Path(cfg_dir) if cfg_dir is not None else base
+    cmds: list[list[str]] = []
+    for g in manifest.graphs.values():
+        input_shape, dyn, dynamic = _graph_shapes(g, gears)
+        all_4d = all(len(t.shape) == 4 for t in g.inputs)
+        argv = [atc, "--framework=5", f"--model={base / g.file}", f"--output={out / Path(g.file).stem}",
+                f"--soc_version={soc}", f"--input_format={'NCHW' if all_4d and not dynamic else 'ND'}",
+                f"--input_shape={input_shape}"]
+        if dyn:
+            argv.append(f"--dynamic_dims={dyn}")
+        if precision == "fp32":
+            argv.append("--precision_mode_v2=origin")
+        else:
+            argv += ["--precision_mode_v2=fp16", f"--keep_dtype={keep_dtype_path(cfg, g)}"]
+        argv.append("--log=error")
+        cmds.append(argv)
+    return cmds
+
+
+def keep_dtype_nodes(onnx_path: str | Path, graph: str) -> dict[str, list[str]]:
+    """``op type -> node names`` to keep at the graph's precision in ``onnx_path``: LayerNormalization, Softmax,
+    the graph's extra types (memory encoder: Sigmoid, Greater) and the Casts that round through bfloat16
+    (key ``"Cast"``).  Unnamed nodes cannot be listed; they are counted under ``"unnamed:<OpType>"``."""
+    try:
+        import onnx
+    except ImportError:
+        raise ConfigError("writing the ATC keep_dtype lists needs the onnx package: pip install onnx") from None
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as exc:
+        raise BackendError(f"graph {graph}: cannot read {onnx_path} to list the fp32 operators: {exc}") from exc
+    types = set(KEEP_OPS_ALL) | set(KEEP_OPS_GRAPH.get(graph, ()))
+    nodes = list(model.graph.node)
+    bf16_out = {o for n in nodes if n.op_type == "Cast" and any(a.name == "to" and a.i == _ONNX_BFLOAT16
+                                                                for a in n.attribute) for o in n.output}
+    out: dict[str, list[str]] = collections.defaultdict(list)
+    for n in nodes:
+        is_bf16_cast = n.op_type == "Cast" and (set(n.output) & bf16_out or set(n.input) & bf16_out)
+        if n.op_type in types or is_bf16_cast:
+            if n.name:
+                out[n.op_type].append(n.name)
+            else:
+                out[f"unnamed:{n.op_type}"].append("")
+    return {k: v for k, v in out.items()}
+
+
+# ------------------------------------------------------------------------------------------------ files
+def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to a temporary sibling and rename it over ``path`` (readers never see half a file)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _script(manifest: Manifest, cmds: list[list[str]], soc: str, precision: str, gears: tuple[int, ...]) -> str:
+    lines = ["#!/usr/bin/env bash",
+             "# Convert this vostream export's ONNX graphs to Ascend .om models (written by vostream export --om).",
+             (f"# SoC {soc}, precision {precision}, decoder K gears {','.join(map(str, gears))} "
+              "(points per object per frame, box corners included)."),
+             "# Run it on a machine with the CANN toolkit after: source /usr/local/Ascend/ascend-toolkit/set_env.sh",
+             f"# {CANN_VERSION_NOTE.format(opset=manifest.opset)}",
+             "# The .om files only run on the SoC named above and with the CANN version that built them.",
+             "set -euo pipefail",
+             'cd "$(dirname "$0")"', ""]
+    for name, argv in zip(manifest.graphs, cmds):
+        lines += [f"echo 'atc: {name}' >&2", shlex.join(argv), ""]
+    return "\n".join(lines)
+
+
+def _keep_dtype_text(graph: str, nodes: Mapping[str, list[str]]) -> str:
+    names = [n for k, v in nodes.items() if not k.startswith("unnamed:") for n in v]
+    return "".join(f"{n}\n" for n in names)
+
+
+# ------------------------------------------------------------------------------------------------ running
+def _run_one(graph: str, argv: list[str], cwd: Path, say: Callable[[str], None],
+             env: Mapping[str, str] | None) -> None:
+    """Run one atc command, streaming its output through ``say``; ``BackendError`` with the tail on failure."""
+    tail: collections.deque[str] = collections.deque(maxlen=25)
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", env=dict(env) if env is not None else None)
+    except OSError as exc:
+        raise BackendError(f"atc for graph {graph}: cannot start {argv[0]}: {exc}") from exc
+    assert proc.stdout is not None
+    with proc:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            say(f"  atc {graph}: {line}")
+        rc = proc.wait()
+    if rc != 0:
+        last = "\n".join(tail) or "(no output)"
+        raise BackendError(f"atc failed for graph {graph} (exit code {rc}); last output:\n{last}\n"
+                           f"command: {shlex.join(argv)}")
+
+
+def _produced_om(tmp: Path, stem: str) -> Path | None:
+    exact = tmp / f"{stem}.om"
+    if exact.is_file():
+        return exact
+    others = sorted(tmp.glob(f"{stem}_*.om"))  # some ATC builds add an OS/arch suffix
+    return others[0] if len(others) == 1 else None
+
+
+def convert_export(manifest: Manifest | None, export_dir: str | Path, *, soc_version: str = DEFAULT_SOC,
+                   precision: str = "fp16-mixed", k_gears: Iterable[int] = DEFAULT_K_GEARS, run: bool | None = None,
+                   allow_unknown_soc: bool = False, atc: str = "atc", env: Mapping[str, str] | None = None,
+                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Write ``atc_convert.sh`` and the keep_dtype lists into ``export_dir``; run ATC when ``run`` is True, or when
+    ``run`` is None and ``atc`` is found on ``PATH``.
+
+    ATC runs in a temporary directory inside ``export_dir``; the ``.om`` files replace any old ones only after every
+    graph converted, so a failure leaves the directory as it was (plus the script).  Returns a record: ``script``,
+    ``keep_dtype`` (graph -> file), ``commands``, ``ran``, ``reason`` (why not run), ``om`` (graph -> produced file),
+    ``seconds`` (graph -> s), ``warnings``, ``cann_version``.  Also written as ``atc_convert.json`` after a run.
+    Raises ``ConfigError`` (bad options, ``atc`` missing with ``run=True``) or ``BackendError`` (ATC failed: the
+    message names the graph, the exit code and the last lines of its output)."""
+    say = progress or (lambda msg: logger.info("%s", msg))
+    export_dir = Path(export_dir)
+    m = manifest if manifest is not None else load_manifest(export_dir)
+    soc = check_soc(soc_version, allow_unknown_soc)
+    gears = check_gears(k_gears)
+    rel_cmds = atc_commands(m, Path("."), soc_version=soc, precision=precision, k_gears=gears,
+                            allow_unknown_soc=allow_unknown_soc)
+    missing = [g.file for g in m.graphs.values() if not (export_dir / g.file).is_file()]
+    if missing:
+        raise ConfigError(f"{export_dir}: graph file(s) missing: {', '.join(missing)}; re-run vostream export")
+    record: dict[str, Any] = {"soc_version": soc, "precision": precision, "k_gears": list(gears),
+                              "opset": m.opset, "script": str(export_dir / SCRIPT_NAME), "keep_dtype": {},
+                              "kept_ops": {}, "commands": rel_cmds, "ran": False, "reason": "", "om": {},
+                              "seconds": {}, "warnings": [], "cann_version": None}
+    if precision == "fp16-mixed":
+        for name, g in m.graphs.items():
+            nodes = keep_dtype_nodes(export_dir / g.file, name)
+            unnamed = {k.split(":", 1)[1]: len(v) for k, v in nodes.items() if k.startswith("unnamed:")}
+            if unnamed:
+                record["warnings"].append(f"graph {name}: unnamed nodes cannot be kept in fp32 by name: "
+                                          f"{unnamed}; they follow --precision_mode_v2=fp16")
+            path = keep_dtype_path(export_dir, g)
+            _atomic_write(path, _keep_dtype_text(name, nodes))
+            record["keep_dtype"][name] = str(path)
+            record["kept_ops"][name] = {k: len(v) for k, v in nodes.items() if not k.startswith("unnamed:")}
+    _atomic_write(export_dir / SCRIPT_NAME, _script(m, rel_cmds, soc, precision, gears), 0o755)
+    say(f"wrote {export_dir / SCRIPT_NAME}")
+
+    atc_path = shutil.which(atc, path=(env or os.environ).get("PATH"))
+    if run is False or (run is None and atc_path is None):
+        record["reason"] = "not requested (--no-run-atc)" if run is False else \
+            f"{atc!r} is not on PATH (install CANN and source set_env.sh, then run {SCRIPT_NAME})"
+        for w in record["warnings"]:
+            logger.warning("%s", w)
+        return record
+    if atc_path is None:
+        raise ConfigError(f"ATC requested but {atc!r} is not on PATH: install the CANN toolkit and "
+                          "'source /usr/local/Ascend/ascend-toolkit/set_env.sh' (or copy the export and run "
+                          f"{SCRIPT_NAME} on the Ascend host)")
+    cann, _src = detect_cann_version(env)
+    record["cann_version"] = cann
+    record["warnings"] += check_opset(m.opset, cann)
+    for w in record["warnings"]:
+        logger.warning("%s", w)
+    tmp = Path(tempfile.mkdtemp(prefix=".atc-", dir=export_dir))
+    try:
+        cmds = atc_commands(m, export_dir.resolve(), soc_version=soc, precision=precision, k_gears=gears,
+                            out_dir=tmp, cfg_dir=export_dir.resolve(), allow_unknown_soc=allow_unknown_soc,
+                            atc=atc_path)
+        produced: dict[str, Path] = {}
+        for (name, g), argv in zip(m.graphs.items(), cmds):
+            t0 = time.perf_counter()
+            say(f"atc: converting {name} ({g.file}) for {soc}")
+            _run_one(name, argv, tmp, say, env)
+            om = _produced_om(tmp, Path(g.file).stem)
+            if om is None:
+                raise BackendError(f"atc for graph {name} exited 0 but wrote no {Path(g.file).stem}.om in {tmp}")
+            produced[name] = om
+            record["seconds"][name] = round(time.perf_counter() - t0, 2)
+        for name, g in m.graphs.items():  # all converted: move them into place
+            dst = export_dir / f"{Path(g.file).stem}.om"
+            os.replace(produced[name], dst)
+            record["om"][name] = str(dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    record["ran"] = True
+    _atomic_write(export_dir / RECORD_NAME, json.dumps(record, indent=2) + "\n")
+    return record
+
+
+# ------------------------------------------------------------------------------------------------ CLI glue
+def add_om_arguments(parser: argparse.ArgumentParser) -> None:
+    """``vostream export`` options for the Ascend conversion (see :func:`om_from_args`)."""
+    g = parser.add_argument_group("Ascend .om conversion (docs/ascend.md)")
+    g.add_argument("--om", action="store_true",
+                   help="also write atc_convert.sh (ONNX -> Ascend .om) and run it when atc is on PATH")
+    g.add_argument("--soc-version", default=DEFAULT_SOC, metavar="SOC",
+                   help=f"ATC --soc_version: 'Ascend' + the Name column of npu-smi info (default {DEFAULT_SOC})")
+    g.add_argument("--om-precision", choices=PRECISIONS, default="fp16-mixed",
+                   help="fp16-mixed: fp16 with LayerNorm/Softmax/thresholds kept fp32 (default); fp32: keep the "
+                        "graphs' fp32 everywhere")
+    g.add_argument("--om-max-points", type=int, default=max(DEFAULT_K_GEARS), metavar="K",
+                   help="decoder gears 1..K: points (box corners count) per object per frame (default 8)")
+    g.add_argument("--run-atc", action=argparse.BooleanOptionalAction, default=None,
+                   help="run atc now (default: when atc is on PATH)")
+
+
+def om_from_args(args: argparse.Namespace, manifest: Manifest | None, export_dir: str | Path,
+                 progress: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """After ``vostream export``: convert when ``--om`` was given; returns the record (None without ``--om``)."""
+    if not getattr(args, "om", False):
+        return None
+    k = int(args.om_max_points)
+    return convert_export(manifest, export_dir, soc_version=args.soc_version, precision=args.om_precision,
+                          k_gears=range(1, k + 1), run=args.run_atc, progress=progress)
+
+
+def describe(record: Mapping[str, Any]) -> str:
+    """One summary line for a :func:`convert_export` record."""
+    if record.get("ran"):
+        return (f"converted {len(record['om'])} graphs to .om for {record['soc_version']} ({record['precision']}) in "
+                f"{sum(record['seconds'].values()):.1f} s")
+    return f"wrote {record['script']} (not run: {record['reason']})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m vostream.stages.trackers.sam2.export.atc DIR``: convert an existing export (no torch needed)."""
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m vostream.stages.trackers.sam2.export.atc",
+                                description="Write (and run, where atc exists) the ATC commands for a vostream export")
+    p.add_argument("export_dir", metavar="DIR")
+    add_om_arguments(p)
+    args = p.parse_args(argv)
+    args.om = True
+    try:
+        record = om_from_args(args, None, args.export_dir, lambda s: print(s, file=sys.stderr, flush=True))
+    except (ConfigError, BackendError) as exc:
+        print(f"atc: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    assert record is not None
+    print(describe(record))
+    return 0
+
+
+__all__ = ["CANN_VERSION_NOTE", "DEFAULT_K_GEARS", "DEFAULT_SOC", "DOCUMENTED_OPSETS", "KNOWN_SOCS", "PRECISIONS",
+           "RECORD_NAME", "SCRIPT_NAME", "add_om_arguments", "atc_commands", "check_gears", "check_opset", "check_soc",
+           "convert_export", "describe", "detect_cann_version", "documented_opsets", "keep_dtype_nodes",
+           "om_from_args"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
