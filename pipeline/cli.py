@@ -197,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default 17; at least 17)")
     e.add_argument("--cond-slots", type=int, metavar="C",
                    help="conditioning-frame memory slots kept per object (default: the family's)")
+    e.add_argument("--fp16", action="store_true",
+                   help="fp16 graphs (LayerNorm, Softmax and the mask sigmoid stay fp32; inputs/outputs stay fp32): "
+                        "half the size, for GPUs; slower on most CPUs")
     e.add_argument("--force", action="store_true", help="replace an existing export in --out")
     from vostream.stages.trackers.sam2.export.atc import add_om_arguments
 
@@ -297,7 +300,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     manifest = export_model(args.model, args.out, opset=args.opset or DEFAULT_OPSET, cond_slots=args.cond_slots,
-                            overwrite=args.force, progress=say)
+                            fp16=args.fp16, overwrite=args.force, progress=say)
     out = Path(args.out)
     sizes = ", ".join(f"{name} {(out / g.file).stat().st_size / 1e6:.1f} MB" for name, g in manifest.graphs.items())
     print(f"exported {args.model} ({manifest.family}, {manifest.image_size}px): {len(manifest.graphs)} graphs "

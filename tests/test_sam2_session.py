@@ -194,3 +194,27 @@ def test_steady_state_host_memory_is_flat(sam2_tiny: Any) -> None:
     assert s.stats.frames == 1200
     s.close()
     tracker.close()
+
+
+def test_fp16_export_is_half_the_size_and_tracks_like_fp32(sam2_tiny: Any, clip: Any, tmp_path: Any) -> None:
+    from vostream.stages.trackers.sam2.export import export_model
+
+    ckpt, export = sam2_tiny("sam2")
+    manifest = export_model(str(ckpt), tmp_path / "fp16", fp16=True)
+    assert manifest.dtype == "float16-mixed"
+    for name, g in manifest.graphs.items():  # inputs and outputs stay fp32: every runtime drives both the same way
+        assert all(t.dtype in ("float32", "int64", "int32") for t in (*g.inputs, *g.outputs)), name
+    size32 = sum((export / g.file).stat().st_size for g in manifest.graphs.values())
+    size16 = sum((tmp_path / "fp16" / g.file).stat().st_size for g in manifest.graphs.values())
+    assert size16 < 0.65 * size32
+    frames, tensors, _ = clip
+    prompts = {0: [Prompt(1, 0, [[40, 45]], [1]), Prompt(2, 0, box=(70, 70, 110, 100))]}
+    a = _run(export, frames, tensors, prompts)
+    b = _run(tmp_path / "fp16", frames, tensors, prompts)
+    ious = []
+    for fa, fb in zip(a, b):
+        for oid in fa:
+            ma, mb = fa[oid] > 0, fb[oid] > 0
+            union = (ma | mb).sum()
+            ious.append(1.0 if union == 0 else (ma & mb).sum() / union)
+    assert min(ious) >= 0.9, f"fp16 masks differ from fp32: IoU down to {min(ious):.3f}"

@@ -108,7 +108,8 @@ def _specs(names: list[str], tensors: tuple[Any, ...], dynamic: dict[str, dict[i
 
 
 def _verify(graph: str, path: Path, module: Any, feeds_list: list[tuple[Any, ...]], in_names: list[str],
-            out_names: list[str], torch: Any, rel: dict[str, float] | None = None) -> dict[str, float]:
+            out_names: list[str], torch: Any, rel: dict[str, float] | None = None, tol: float = TOL
+            ) -> dict[str, float]:
     """Run the ONNX file with ONNX Runtime (CPU) on each feed and compare with the torch module.
 
     ``rel``: per-output relative tolerance for outputs rounded to bfloat16 in the graph, where a 1e-7 difference
@@ -133,7 +134,7 @@ def _verify(graph: str, path: Path, module: Any, feeds_list: list[tuple[Any, ...
                 raise BackendError(f"graph {graph}: output {name} has shape {g.shape} in ONNX, {r.shape} in torch")
             err = np.abs(r.astype(np.float64) - g)
             diff = float(np.max(err)) if r.size else 0.0
-            bound = TOL * max(1.0, float(np.max(np.abs(r))) if r.size else 0.0)
+            bound = tol * max(1.0, float(np.max(np.abs(r))) if r.size else 0.0)
             if rel and name in rel:
                 over = err > np.maximum(bound, rel[name] * np.abs(r))
                 ok = not bool(np.any(over))
@@ -146,9 +147,33 @@ def _verify(graph: str, path: Path, module: Any, feeds_list: list[tuple[Any, ...
     return worst
 
 
+#: ops kept in fp32 by ``--fp16`` (besides onnxruntime's default list): normalisation and softmax statistics, the
+#: memory encoder's sigmoid/threshold, and the casts that reproduce the reference's bfloat16 bank
+FP16_KEEP_FP32 = ("LayerNormalization", "Softmax", "Sigmoid", "Cast", "ReduceMean", "Pow", "Sqrt", "Erf")
+#: fp16 verification: max |onnx - torch| <= FP16_TOL * max(1, max |torch|)
+FP16_TOL = 5e-2
+
+
+def _to_fp16(path: Path) -> None:
+    """Rewrite the ONNX file at ``path`` with fp16 weights and arithmetic, fp32 inputs/outputs and the
+    :data:`FP16_KEEP_FP32` ops in fp32 (onnxruntime's converter)."""
+    import onnx
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    model = onnx.load(str(path))
+    converted = convert_float_to_float16(model, keep_io_types=True,
+                                         op_block_list=list(DEFAULT_OP_BLOCK_LIST) + list(FP16_KEEP_FP32))
+    onnx.save(converted, str(path))
+
+
 def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET, cond_slots: int | None = None,
-                 overwrite: bool = False, progress: Callable[[str], None] | None = None) -> Manifest:
-    """Export ``model`` into ``out_dir``; returns the manifest.  Raises ConfigError / BackendError."""
+                 fp16: bool = False, overwrite: bool = False,
+                 progress: Callable[[str], None] | None = None) -> Manifest:
+    """Export ``model`` into ``out_dir``; returns the manifest.  Raises ConfigError / BackendError.
+
+    ``fp16``: graphs compute in float16 with LayerNorm, Softmax and the memory encoder's sigmoid/threshold kept in
+    float32; inputs and outputs stay float32 (so every runtime drives them the same way).  Checked against the fp32
+    PyTorch model with a looser tolerance (:data:`FP16_TOL`)."""
     say = progress or (lambda msg: logger.info("%s", msg))
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -206,6 +231,10 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
             with torch.no_grad():
                 _onnx_export(torch, module, args_list[0], path, in_names, out_names, opset, dynamic)
             diffs = _verify(name, path, module, args_list, in_names, out_names, torch, rel)
+            if fp16:
+                _to_fp16(path)
+                diffs = _verify(name, path, module, args_list, in_names, out_names, torch,
+                                {n: FP16_TOL for n in out_names}, tol=FP16_TOL)
             graphs[name] = GraphSpec(name, path.name, _specs(in_names, args_list[0], dynamic),
                                      _specs(out_names, outs, dynamic))
             verify[name] = {"max_abs_diff": diffs, "export_s": round(time.perf_counter() - t0, 2)}
@@ -282,7 +311,7 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
             family=family.name, image_size=S, mean=mean, std=std, grid=g, hidden_dim=D, mem_dim=M,  # type: ignore[arg-type]
             tokens_per_slot=T, mask_size=P, cond_slots=C, recent_slots=N, pointer_slots=Q,
             max_object_pointers=max_ptrs, num_maskmem=int(cfg.num_maskmem), algorithm=algorithm, graphs=graphs,
-            dtype="float32", opset=opset,
+            dtype="float16-mixed" if fp16 else "float32", opset=opset,
             source={"model": str(model), "model_type": config_json.get("model_type"), "class": family.model_class,
                     "parameters": int(sum(p.numel() for p in net.parameters())),
                     "torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
@@ -295,7 +324,7 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    say(f"wrote {out_dir} ({family.name}, {S}px, C={C} N={N} Q={Q}) in {time.perf_counter() - t_start:.1f} s")
+    say(f"wrote {out_dir} ({family.name}, {S}px, {'fp16' if fp16 else 'fp32'}, C={C} N={N} Q={Q}) in {time.perf_counter() - t_start:.1f} s")
     return manifest
 
 
