@@ -36,7 +36,7 @@ from .serve_protocol import (
     EXPORT_FORMATS, MAX_INFLIGHT, MAX_POINTS, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Ack, Export, Hello, Open, Ping,
     PromptMsg, ProtocolError, Remove, Seek, Simple, Watch, encode, parse_client_message,
 )
-from .serve_session import Session, SessionOptions
+from .serve_session import Session, SessionOptions, TrackerCache
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +126,8 @@ class ViewerServer:
         self.web_dir = _web_dir()
         self.static = self._static_files()
         self.sessions: dict[str, Session] = {}
+        #: one tracker (weights, graphs) for all sessions, loaded on the first open
+        self.trackers = TrackerCache(config.session.backend, config.session.tracker_options)
         self.clients: dict[int, _Client] = {}
         self._session_clients: dict[str, set[int]] = {}
         self._next_cid = 0
@@ -193,6 +195,7 @@ class ViewerServer:
         sessions, self.sessions = list(self.sessions.values()), {}
         for s in sessions:
             await asyncio.to_thread(s.close)
+        await asyncio.to_thread(self.trackers.close)
 
     # -- HTTP -------------------------------------------------------------------------------------------------
     def _response(self, status: int, body: bytes | str, ctype: str = "text/plain; charset=utf-8",
@@ -483,7 +486,7 @@ class ViewerServer:
                 except RuntimeError:  # the server's loop has closed (shutdown)
                     pass
 
-        session = Session(path, display, self.config.session, notify)
+        session = Session(path, display, self.config.session, notify, trackers=self.trackers)
         holder["s"] = session
         try:
             await asyncio.to_thread(session.open)

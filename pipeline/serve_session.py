@@ -203,6 +203,37 @@ class ControllableSource(Source[Frame]):
                 "paused_drops": self.drained}
 
 
+class TrackerCache:
+    """One loaded tracker shared by every session of a server: weights / graphs load once (about a second for an
+    exported SAM 2 model), not per browser session.  Each session still gets its own :class:`TrackerSession`
+    (for the SAM-2 backends, its own device buffers; calls take turns on the shared runtime).  Thread-safe."""
+
+    def __init__(self, backend: str, options: dict[str, Any]) -> None:
+        self.backend = backend
+        self.options = dict(options)
+        self._lock = threading.Lock()
+        self._tracker: Any = None
+        self._closed = False
+
+    def get(self) -> Any:
+        from vostream.stages.trackers import load_tracker
+
+        with self._lock:
+            if self._closed:
+                raise ConfigError("the server is shutting down")
+            if self._tracker is None:
+                self._tracker = load_tracker(self.backend, **self.options)
+            return self._tracker
+
+    def close(self) -> None:
+        """Release the tracker.  Idempotent; later :meth:`get` calls are refused."""
+        with self._lock:
+            self._closed = True
+            tracker, self._tracker = self._tracker, None
+        if tracker is not None:
+            tracker.close()
+
+
 @dataclass
 class SessionOptions:
     """What every session of a server shares."""
@@ -222,7 +253,8 @@ class Session:
     when playback state changes and ``"end"`` when the pipeline ended (``self.error`` holds a failure)."""
 
     def __init__(self, source: str, display: str, options: SessionOptions,
-                 notify: Callable[[str], None] | None = None) -> None:
+                 notify: Callable[[str], None] | None = None, trackers: TrackerCache | None = None) -> None:
+        self.trackers = trackers  # shared by the server's sessions; None: this session loads (and closes) its own
         self.id = secrets.token_urlsafe(6)
         self.source_path = source
         self.display = display
@@ -283,8 +315,11 @@ class Session:
         supervisor = getattr(first, "supervisor", None)
         if supervisor is not None:  # a live feed: its state changes (reconnecting, running, ...) reach the clients
             supervisor.add_listener(lambda event: self.notify("state"))
-        tracker = load_tracker(self.options.backend, **self.options.tracker_options)
-        self.tracker = tracker
+        if self.trackers is not None:
+            tracker = self.trackers.get()  # shared: not this session's to close
+        else:
+            tracker = load_tracker(self.options.backend, **self.options.tracker_options)
+            self.tracker = tracker
         stages = [PreprocessStage(tracker.input_spec, ring=3 * self.options.queue_size + 8), TrackStage(tracker),
                   PostprocessStage()]
         sinks: list[Any] = [ViewerSinkSpec(self.hub, session=self.id, jpeg_quality=self.options.jpeg_quality,

@@ -395,3 +395,23 @@ def test_masks_match_rle(server: ServerThread) -> None:
         mask = decode_rle_counts(o["rle"]["counts"], H, W)
         ys, xs = np.nonzero(mask)
         assert mask.any() and o["box"] == [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
+
+
+def test_sessions_share_one_loaded_tracker_closed_with_the_server(media: Path) -> None:
+    """Weights / graphs load once per server, not per browser session; the server's stop releases them."""
+    cfg = ServerConfig(host="127.0.0.1", port=0, media_root=str(media))
+    with ServerThread(cfg) as st:
+        first, _ = opened(st.port)
+        second, _ = opened(st.port)
+        with first, second:
+            recv(first, "frame")
+            recv(second, "frame")
+            cache = st.call(lambda: st.server.trackers)
+            tracker = st.call(lambda: cache._tracker)
+            assert tracker is not None
+            sessions = st.call(lambda: list(st.server.sessions.values()))
+            assert len(sessions) == 2 and all(s.trackers is cache for s in sessions)
+            first.send(pack({"t": "close"}))
+            recv(first, "closed")
+            assert st.call(lambda: cache._tracker) is tracker, "closing one session must not close the shared one"
+    assert cache._closed and cache._tracker is None
