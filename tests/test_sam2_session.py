@@ -218,3 +218,18 @@ def test_fp16_export_is_half_the_size_and_tracks_like_fp32(sam2_tiny: Any, clip:
             union = (ma | mb).sum()
             ious.append(1.0 if union == 0 else (ma & mb).sum() / union)
     assert min(ious) >= 0.9, f"fp16 masks differ from fp32: IoU down to {min(ious):.3f}"
+
+
+def test_frames_before_the_first_prompt_cost_nothing(sam2_tiny: Any, clip: Any) -> None:
+    _, export = sam2_tiny("sam2")
+    frames, tensors, _ = clip
+    tracker = OnnxTracker(export, threads=1)
+    s = tracker.new_session()
+    for i in range(3):
+        r = s.step(_frame(i, frames[i], tensors[i]))
+        assert len(r) == 0 and r.logits is not None and r.logits.shape[0] == 0
+    assert tracker.runtime.stats.runs == {} and tracker.runtime.stats.h2d_bytes == 0
+    s.add_prompt(Prompt(1, 3, [[40, 45]], [1]))
+    assert list(s.step(_frame(3, frames[3], tensors[3])).obj_ids) == [1]
+    s.close()
+    tracker.close()

@@ -268,6 +268,9 @@ class Sam2Session(TrackerSession):
             inputs[oid] = self._to_model(p, src_w, src_h)
         for oid in due:
             del self._pending[oid]
+        if not self._objects and not inputs:  # nothing to track yet (e.g. a live feed before the first click)
+            return TrackResult(frame.index, np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, bool),
+                               np.zeros((0, 4), np.float32), logits=np.zeros((0, self.P, self.P), np.float32))
         rt, b = self.rt, self.b
         rt.upload(b["image"], x)
         rt.run("image_encoder", {"image": b["image"]},
