@@ -154,6 +154,57 @@ FP16_KEEP_FP32 = ("LayerNormalization", "Softmax", "Sigmoid", "Cast", "ReduceMea
 FP16_TOL = 5e-2
 
 
+def _dedupe_constants(path: Path) -> int:
+    """Share identical ``Constant`` tensors in the ONNX file at ``path``; returns the bytes saved.
+
+    The TorchScript exporter's constant folding materialises a copy of a constant per use: in SAM 2.1's memory
+    attention the RoPE cos/sin tables ([1, 4096, 256] each) appear once per attention call, 109 MiB of 138. On a
+    device every copy would be resident."""
+    import hashlib
+
+    import onnx
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    canonical: dict[tuple[int, tuple[int, ...], str], str] = {}
+    rename: dict[str, str] = {}
+    keep = []
+    saved = 0
+    for node in graph.node:
+        tensor = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
+                      None) if node.op_type == "Constant" and len(node.attribute) == 1 else None
+        if tensor is not None and tensor.raw_data:
+            key = (tensor.data_type, tuple(tensor.dims), hashlib.sha256(tensor.raw_data).hexdigest())
+            first = canonical.setdefault(key, node.output[0])
+            if first != node.output[0]:
+                rename[node.output[0]] = first
+                saved += len(tensor.raw_data)
+                continue
+        keep.append(node)
+    if not rename:
+        return 0
+    def rewire(nodes: Any) -> None:  # nested graphs (If/Loop bodies) may read outer-scope constants too
+        for node in nodes:
+            for i, name in enumerate(node.input):
+                if name in rename:
+                    node.input[i] = rename[name]
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    rewire(attr.g.node)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for sub in attr.graphs:
+                        rewire(sub.node)
+
+    rewire(keep)
+    for out in graph.output:
+        if out.name in rename:  # a graph output must keep its name: keep that node after all
+            return 0
+    del graph.node[:]
+    graph.node.extend(keep)
+    onnx.save(model, str(path))
+    return saved
+
+
 def _to_fp16(path: Path) -> None:
     """Rewrite the ONNX file at ``path`` with fp16 weights and arithmetic, fp32 inputs/outputs and the
     :data:`FP16_KEEP_FP32` ops in fp32 (onnxruntime's converter)."""
@@ -230,6 +281,7 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
             outs = outs if isinstance(outs, tuple) else (outs,)
             with torch.no_grad():
                 _onnx_export(torch, module, args_list[0], path, in_names, out_names, opset, dynamic)
+            _dedupe_constants(path)
             diffs = _verify(name, path, module, args_list, in_names, out_names, torch, rel)
             if fp16:
                 _to_fp16(path)
