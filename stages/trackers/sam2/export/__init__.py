@@ -327,10 +327,14 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
         me = MemoryEncoderGraph(net, family, S)
         one = torch.ones(1)
         i64 = lambda v: torch.tensor([v], dtype=torch.int64)  # noqa: E731
-        me_args = [(feat, masks, obj_ptrs, torch.tensor([[0.7]]), mprompt, i64(1), i64(1), torch.zeros(1), one),
-                   (feat, masks, obj_ptrs, torch.tensor([[-0.7]]), mprompt, i64(0), i64(0), torch.zeros(1),
-                    torch.zeros(1)),
-                   (feat, masks, obj_ptrs, torch.tensor([[0.7]]), mprompt, i64(2), i64(3), one, one)]
+        # Binarising (mask > 0) is only checked on a blocky mask prompt: upsampled random logits have pixels within
+        # 1e-6 of 0, where ONNX Runtime and PyTorch may round to different sides (a real but meaningless flip).
+        yy, xx = torch.meshgrid(torch.arange(S), torch.arange(S), indexing="ij")
+        blocks = (((yy // 16) + (xx // 16)) % 2).to(torch.float32)[None, None]
+        zero = torch.zeros(1)
+        me_args = [(feat, masks, obj_ptrs, torch.tensor([[0.7]]), mprompt, i64(1), i64(1), zero, zero),
+                   (feat, masks, obj_ptrs, torch.tensor([[-0.7]]), mprompt, i64(0), i64(0), zero, zero),
+                   (feat, masks, obj_ptrs, torch.tensor([[0.7]]), blocks, i64(2), i64(3), one, one)]
         do("memory_encoder", me, me_args,
            ["feat", "low_res_masks", "obj_ptrs", "object_score", "mask_prompt", "plane", "token", "use_mask_prompt",
             "binarize"], ["maskmem", "obj_ptr"], rel={"maskmem": 2.0 ** -7} if family.bank_bf16 else None)
