@@ -106,12 +106,14 @@ def test_live_rtsp_session_prompt_masks_and_refusals(rtsp_server: RtspServer, tm
         assert first["objs"] == [] and first["index"] >= 0
         # Click the object on the newest frame received while the feed plays: the prompt lands on the next frame
         # the tracker sees (the clicked one has gone by) and masks follow the object.
-        m = next_frame(ws)
+        for _ in range(4):  # past the connect-time burst (the server's buffered frames arrive at once)
+            m = next_frame(ws)
         click = interior_point(sc.labels[m["index"]] == 1)
         ws.send(pack({"t": "prompt", "obj": 1, "frame": m["index"], "points": [click]}))
         played = frames_for(ws, 2.5)
         tracked = [f for f in played if f["objs"]]
-        assert tracked and tracked[0]["index"] <= m["index"] + 10  # applied within a few frames of the click
+        # applied within a few frames of the click (at 30 fps, 15 frames is half a second on a loaded machine)
+        assert tracked and tracked[0]["index"] <= m["index"] + 15, (m["index"], tracked[0]["index"] if tracked else None)
         scores = [iou(obj_mask(f), sc.labels[f["index"]] == 1) for f in tracked]
         assert len(scores) >= 20 and np.mean(scores) >= 0.8, (len(scores), np.mean(scores))
         indices = [f["index"] for f in played]
