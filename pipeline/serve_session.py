@@ -253,8 +253,8 @@ class Session:
     when playback state changes and ``"end"`` when the pipeline ended (``self.error`` holds a failure)."""
 
     def __init__(self, source: str, display: str, options: SessionOptions,
-                 notify: Callable[[str], None] | None = None, trackers: TrackerCache | None = None) -> None:
-        self.trackers = trackers  # shared by the server's sessions; None: this session loads (and closes) its own
+                 notify: Callable[[str], None] | None, trackers: TrackerCache) -> None:
+        self.trackers = trackers  # the server's tracker, shared by its sessions; the server releases it
         self.id = secrets.token_urlsafe(6)
         self.source_path = source
         self.display = display
@@ -271,7 +271,6 @@ class Session:
         self.exports: dict[str, Path] = {}
         self._lock = threading.Lock()
         self.pipeline: Pipeline | None = None
-        self.tracker: Any = None  # this session's tracker, closed when its pipeline ends
         self.control: ControllableSource | None = None
         from vostream.sinks.websocket import AnnotationRecord, FrameHub
 
@@ -288,7 +287,6 @@ class Session:
         from vostream.stages.postprocess import PostprocessStage
         from vostream.stages.preprocess import PreprocessStage
         from vostream.stages.track import TrackStage
-        from vostream.stages.trackers import load_tracker
 
         path = self.source_path
         self.live = is_live_uri(path)
@@ -315,11 +313,7 @@ class Session:
         supervisor = getattr(first, "supervisor", None)
         if supervisor is not None:  # a live feed: its state changes (reconnecting, running, ...) reach the clients
             supervisor.add_listener(lambda event: self.notify("state"))
-        if self.trackers is not None:
-            tracker = self.trackers.get()  # shared: not this session's to close
-        else:
-            tracker = load_tracker(self.options.backend, **self.options.tracker_options)
-            self.tracker = tracker
+        tracker = self.trackers.get()  # shared by the server's sessions: the server releases it
         stages = [PreprocessStage(tracker.input_spec, ring=3 * self.options.queue_size + 8), TrackStage(tracker),
                   PostprocessStage()]
         sinks: list[Any] = [ViewerSinkSpec(self.hub, session=self.id, jpeg_quality=self.options.jpeg_quality,
@@ -342,16 +336,7 @@ class Session:
         except Exception as exc:  # noqa: BLE001 - reported to the clients, not raised into a dead thread
             self.error = f"{type(exc).__name__}: {exc}"
         self.ended = True
-        self._close_tracker()
         self.notify("end")
-
-    def _close_tracker(self) -> None:
-        tracker, self.tracker = self.tracker, None
-        if tracker is not None:
-            try:
-                tracker.close()
-            except Exception:  # noqa: BLE001 - releasing memory must not fail the session's end
-                logger.exception("session %s: closing the tracker failed", self.id)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the pipeline (cancel), wait up to ``timeout`` s, remove exports.  Idempotent."""
@@ -363,8 +348,6 @@ class Session:
                 logger.warning("session %s did not stop within %.1f s", self.id, timeout)
             except VostreamError:
                 pass
-        if self.ended:
-            self._close_tracker()
         if self.export_dir is not None:
             shutil.rmtree(self.export_dir, ignore_errors=True)
             self.export_dir = None

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +116,5 @@ def OnnxTracker(model: str | Path | None = None, provider: str = "cpu", threads:
     load_manifest(model)  # a clear error for a bad directory before any runtime starts
     return Sam2Tracker(model, OrtRuntime(providers=[provider], device_id=device_id, threads=threads))
 
-
-RuntimeFactory = Callable[[], Runtime]
 
 __all__ = ["OnnxTracker", "Sam2Session", "Sam2Tracker"]

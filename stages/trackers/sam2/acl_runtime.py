@@ -43,7 +43,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from vostream.pipeline.errors import BackendError, ConfigError
 
-from .runtime import DTYPES, DeviceBuffer, Runtime
+from .runtime import (
+    DTYPES,
+    DeviceBuffer,
+    Runtime,
+    check_bound_names,
+    check_no_overlap,
+    check_tensor,
+    fmt_shape,
+)
 
 if TYPE_CHECKING:
     from . import Sam2Tracker
@@ -171,10 +179,6 @@ def _footprint(nbytes: int) -> int:
     """Device bytes one :meth:`AclRuntime.alloc` of ``nbytes`` takes (our 64-byte rounding, then acl.rt.malloc's
     rounding to 32 plus 32 bytes)."""
     return _align(max(_align(nbytes, IO_ALIGN), IO_ALIGN), 32) + 32
-
-
-def _fmt_shape(shape: Sequence[object]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 @dataclass
@@ -508,8 +512,8 @@ class AclRuntime(Runtime):
                 if bad:
                     hint = " (compile the dynamic axis as gears: ATC --dynamic_dims)" if any(
                         isinstance(d, str) for d in s.shape) else ""
-                    raise BackendError(f"{pre}: {kind} {s.name!r} shape: manifest {_fmt_shape(s.shape)}, model "
-                                       f"{_fmt_shape(t.dims)}{hint}")
+                    raise BackendError(f"{pre}: {kind} {s.name!r} shape: manifest {fmt_shape(s.shape)}, model "
+                                       f"{fmt_shape(t.dims)}{hint}")
                 if all(isinstance(d, int) for d in s.shape) and -1 not in t.dims:
                     need = prod(int(d) for d in s.shape) * DTYPES[s.dtype].itemsize
                     if t.size != need:
@@ -603,7 +607,7 @@ class AclRuntime(Runtime):
         if buf.dtype not in DTYPES or buf.nbytes != prod(buf.shape) * DTYPES[buf.dtype].itemsize \
                 or buf.offset < 0 or buf.offset + buf.nbytes > a.nbytes:
             raise BackendError(f"{self.name}.{call}: buffer {buf.name or buf.handle} window [{buf.offset}, "
-                               f"+{buf.nbytes}) {buf.dtype}{_fmt_shape(buf.shape)} does not fit its {a.nbytes}-byte "
+                               f"+{buf.nbytes}) {buf.dtype}{fmt_shape(buf.shape)} does not fit its {a.nbytes}-byte "
                                "allocation")
         return a
 
@@ -733,18 +737,11 @@ class AclRuntime(Runtime):
             spans: list[tuple[str, str, int, int, int]] = []
             syms: dict[str, tuple[int, str]] = {}
             for kind, tensors, given in (("input", g.inputs, inputs), ("output", g.outputs, outputs)):
-                names = [t.spec.name for t in tensors]
-                for n in given:
-                    if n not in names:
-                        raise BackendError(f"{self.name}.{where}: {n!r} is not an {kind} of the graph ({kind}s: "
-                                           f"{', '.join(names)})")
+                check_bound_names(f"{self.name}.{where}", kind, [t.spec.name for t in tensors], given)
                 for t in tensors:
                     n = t.spec.name
-                    buf = given.get(n)
-                    if buf is None:
-                        raise BackendError(f"{self.name}.{where}: {kind} {n!r} is not bound")
+                    buf = check_tensor(f"{self.name}.{where}", kind, t.spec, given.get(n), syms)
                     a = self._alloc_of(buf, f"{where} {kind} {n!r}")
-                    self._check_tensor(where, kind, t.spec, buf, syms)
                     addr = a.ptr + buf.offset
                     if addr % IO_ALIGN:
                         raise BackendError(f"{self.name}.{where}: {kind} {n!r} is bound to buffer "
@@ -753,13 +750,7 @@ class AclRuntime(Runtime):
                                            f"must be multiples of {IO_ALIGN} bytes)")
                     addrs[(kind, t.index)] = (addr, buf.nbytes)
                     spans.append((kind, n, buf.handle, buf.offset, buf.offset + buf.nbytes))
-            for kind, n, h, s, e in spans:
-                if kind != "output":
-                    continue
-                for kind2, n2, h2, s2, e2 in spans:
-                    if h2 == h and (kind2, n2) != (kind, n) and s < e2 and s2 < e:
-                        raise BackendError(f"{self.name}.{where}: output {n!r} overlaps {kind2} {n2!r} (same memory "
-                                           "bound twice)")
+            check_no_overlap(f"{self.name}.{where}", spans)
             self._bind(g, where, addrs)
             if g.dyn_index >= 0:
                 self._set_gear(g, where, syms)
@@ -769,25 +760,6 @@ class AclRuntime(Runtime):
             self._check(self.acl.rt.synchronize_stream(self._stream), where, "acl.rt.synchronize_stream",
                         f"after executing model {g.model_id}")
             self._count_run(graph, t0)
-
-    def _check_tensor(self, where: str, kind: str, spec: TensorSpec, buf: DeviceBuffer,
-                      syms: dict[str, tuple[int, str]]) -> None:
-        if buf.dtype != spec.dtype:
-            raise BackendError(f"{self.name}.{where}: {kind} {spec.name!r} dtype: graph {spec.dtype}, buffer "
-                               f"{buf.dtype}")
-        ok = len(buf.shape) == len(spec.shape)
-        if ok:
-            for want, got in zip(spec.shape, buf.shape):
-                if isinstance(want, str):
-                    prev = syms.setdefault(want, (got, spec.name))
-                    if prev[0] != got:
-                        raise BackendError(f"{self.name}.{where}: {kind} {spec.name!r} has {want}={got} but "
-                                           f"{prev[1]!r} has {want}={prev[0]}")
-                elif want != got:
-                    ok = False
-        if not ok:
-            raise BackendError(f"{self.name}.{where}: {kind} {spec.name!r} shape: graph {_fmt_shape(spec.shape)}, "
-                               f"buffer {_fmt_shape(buf.shape)}")
 
     def _bind(self, g: _Graph, where: str, addrs: dict[tuple[str, int], tuple[int, int]]) -> None:
         """Build the datasets on the first run; afterwards re-point only the data buffers whose window moved."""

@@ -139,5 +139,14 @@ def load_manifest(model_dir: str | Path) -> Manifest:
     return m
 
 
-__all__ = ["FAMILIES", "FORMAT", "FORMAT_VERSION", "GRAPHS", "GraphSpec", "MANIFEST_NAME", "Manifest", "TensorSpec",
-           "load_manifest"]
+__all__ = [
+    "FAMILIES",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "GRAPHS",
+    "MANIFEST_NAME",
+    "GraphSpec",
+    "Manifest",
+    "TensorSpec",
+    "load_manifest",
+]

@@ -34,7 +34,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from vostream.pipeline.errors import BackendError
 
-from .runtime import DTYPES, DeviceBuffer, Runtime
+from .runtime import (
+    DTYPES,
+    DeviceBuffer,
+    Runtime,
+    check_bound_names,
+    check_no_overlap,
+    check_tensor,
+    fmt_shape,
+)
 
 if TYPE_CHECKING:
     from .manifest import GraphSpec, Manifest, TensorSpec
@@ -73,10 +81,6 @@ def _import_ort() -> Any:
         raise BackendError("OrtRuntime: onnxruntime is not installed; install it with pip install 'vostream[onnx]' "
                            "(or onnxruntime-gpu for CUDA / TensorRT)") from exc
     return onnxruntime
-
-
-def _fmt_shape(shape: Sequence[object]) -> str:
-    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 @dataclass
@@ -314,7 +318,7 @@ class OrtRuntime(Runtime):
                         bad = True
                 if bad:
                     raise BackendError(f"OrtRuntime.load: graph {gname!r} ({path.name}): {kind} {t.name!r} shape: "
-                                       f"manifest {_fmt_shape(t.shape)}, model {_fmt_shape(mshape)}")
+                                       f"manifest {fmt_shape(t.shape)}, model {fmt_shape(mshape)}")
 
     @property
     def providers_in_use(self) -> dict[str, list[str]]:
@@ -375,7 +379,7 @@ class OrtRuntime(Runtime):
         if buf.dtype not in DTYPES or buf.nbytes != prod(buf.shape) * DTYPES[buf.dtype].itemsize \
                 or buf.offset < 0 or buf.offset + buf.nbytes > a.nbytes:
             raise BackendError(f"OrtRuntime.{call}: buffer {buf.name or buf.handle} window "
-                               f"[{buf.offset}, +{buf.nbytes}) {buf.dtype}{_fmt_shape(buf.shape)} does not fit its "
+                               f"[{buf.offset}, +{buf.nbytes}) {buf.dtype}{fmt_shape(buf.shape)} does not fit its "
                                f"{a.nbytes}-byte allocation")
         return a
 
@@ -468,29 +472,18 @@ class OrtRuntime(Runtime):
         if g is None:
             raise BackendError(f"OrtRuntime.run: graph {graph!r} is not loaded (loaded: "
                                f"{', '.join(self._graphs) or 'none'})")
+        where = f"OrtRuntime.run({graph!r})"
         ptrs: dict[tuple[str, str], int] = {}
         spans: list[tuple[str, str, int, int, int]] = []    # kind, name, handle, start, end
         syms: dict[str, tuple[int, str]] = {}
         for kind, specs, given in (("input", g.inputs, inputs), ("output", g.outputs, outputs)):
-            for n in given:
-                if n not in specs:
-                    raise BackendError(f"OrtRuntime.run({graph!r}): {n!r} is not an {kind} of the graph "
-                                       f"({kind}s: {', '.join(specs)})")
+            check_bound_names(where, kind, list(specs), given)
             for n, spec in specs.items():
-                buf = given.get(n)
-                if buf is None:
-                    raise BackendError(f"OrtRuntime.run({graph!r}): {kind} {n!r} is not bound")
+                buf = check_tensor(where, kind, spec, given.get(n), syms)
                 a = self._alloc_of(buf, f"run({graph!r}) {kind} {n!r}")
-                self._check_tensor(graph, kind, spec, buf, syms)
                 ptrs[(kind, n)] = a.ptr + buf.offset
                 spans.append((kind, n, buf.handle, buf.offset, buf.offset + buf.nbytes))
-        for kind, n, h, s, e in spans:
-            if kind != "output":
-                continue
-            for kind2, n2, h2, s2, e2 in spans:
-                if h2 == h and (kind2, n2) != (kind, n) and s < e2 and s2 < e:
-                    raise BackendError(f"OrtRuntime.run({graph!r}): output {n!r} overlaps {kind2} {n2!r} "
-                                       "(same memory bound twice)")
+        check_no_overlap(where, spans)
         b = g.binding
         dev, did = self._device_type, (self.device_id if self._device_type == "cuda" else 0)
         for kind, given in (("input", inputs), ("output", outputs)):
@@ -517,26 +510,6 @@ class OrtRuntime(Runtime):
             raise BackendError(f"OrtRuntime.run({graph!r}) on {self._primary} failed: {exc}") from exc
         self._count_run(graph, t0)
         self._ensure_in_place(graph, g, outputs, ptrs)
-
-    @staticmethod
-    def _check_tensor(graph: str, kind: str, spec: TensorSpec, buf: DeviceBuffer,
-                      syms: dict[str, tuple[int, str]]) -> None:
-        if buf.dtype != spec.dtype:
-            raise BackendError(f"OrtRuntime.run({graph!r}): {kind} {spec.name!r} dtype: graph {spec.dtype}, "
-                               f"buffer {buf.dtype}")
-        ok = len(buf.shape) == len(spec.shape)
-        if ok:
-            for want, got in zip(spec.shape, buf.shape):
-                if isinstance(want, str):
-                    prev = syms.setdefault(want, (got, spec.name))
-                    if prev[0] != got:
-                        raise BackendError(f"OrtRuntime.run({graph!r}): {kind} {spec.name!r} has {want}={got} but "
-                                           f"{prev[1]!r} has {want}={prev[0]}")
-                elif want != got:
-                    ok = False
-        if not ok:
-            raise BackendError(f"OrtRuntime.run({graph!r}): {kind} {spec.name!r} shape: graph "
-                               f"{_fmt_shape(spec.shape)}, buffer {_fmt_shape(buf.shape)}")
 
     def _ensure_in_place(self, graph: str, g: _Graph, outputs: Mapping[str, DeviceBuffer],
                          ptrs: dict[tuple[str, str], int]) -> None:

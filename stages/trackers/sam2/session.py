@@ -11,11 +11,10 @@ their IoU and the object score.  Rules and the places we differ from the referen
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from vostream.pipeline.errors import BackendError, PromptError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 
@@ -80,7 +79,6 @@ class Sam2Stats:
     frames: int = 0
     cond_frames: int = 0
     evicted_cond: int = 0
-    per_frame: list[float] = field(default_factory=list)
 
 
 class Sam2Session(TrackerSession):
@@ -321,7 +319,7 @@ class Sam2Session(TrackerSession):
                 return best, 0
         return 0, 0
 
-    def _upload_scalar(self, name: str, value: float | int) -> None:
+    def _upload_scalar(self, name: str, value: float) -> None:
         buf = self.b[name]
         self.rt.upload(buf, np.asarray([value], dtype=buf.dtype))
 
@@ -359,7 +357,7 @@ class Sam2Session(TrackerSession):
         iou = rt.download(b["iou"], self._h_iou)[0]
         dec_score = float(rt.download(b["object_score"], self._h_score)[0, 0])
         init_cond = inp is not None
-        multimask = self._multimask(init_cond, 0 if mask_path else n_points) if not mask_path else True
+        multimask = True if mask_path else self._multimask(init_cond, n_points)  # HF's mask path: multimask
         plane, token = self._select(planes, iou, multimask)
         if mask_path:
             assert inp is not None and inp.mask is not None

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from vostream.pipeline.errors import BackendError, ConfigError
 
 from ..manifest import FORMAT_VERSION, MANIFEST_NAME, GraphSpec, Manifest, TensorSpec
@@ -78,7 +77,7 @@ def load_checkpoint(model: str) -> tuple[Any, Family, dict[str, Any]]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             net = cls.from_pretrained(model, torch_dtype=torch.float32)
-    except Exception as exc:  # noqa: BLE001 - any loader failure becomes one line
+    except Exception as exc:
         raise ConfigError(f"cannot load {model} as {family.model_class}: {type(exc).__name__}: {exc}") from exc
     net.eval()
     return net, family, config_json
@@ -120,7 +119,7 @@ def _verify(graph: str, path: Path, module: Any, feeds_list: list[tuple[Any, ...
 
     try:
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise BackendError(f"graph {graph}: the exported file does not load in ONNX Runtime: {exc}") from exc
     worst: dict[str, float] = {n: 0.0 for n in out_names}
     for args in feeds_list:
@@ -320,13 +319,13 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
         dec_args = [(nomem, s0, s1, pts, lbl, torch.zeros(1, 1, S, S), torch.zeros(1)),
                     (fmap, s0, s1, torch.zeros(1, 1, 2), -torch.ones(1, 1, dtype=torch.int32), mprompt, torch.ones(1))]
         dyn = {"points": {1: "K"}, "labels": {1: "K"}}
-        masks, iou, score, obj_ptrs = do("decoder", de, dec_args,
+        masks, _iou, _score, obj_ptrs = do("decoder", de, dec_args,
                                          ["pix_feat", "feat_s0", "feat_s1", "points", "labels", "mask_prompt",
                                           "has_mask"], ["low_res_masks", "iou", "object_score", "obj_ptrs"], dyn)
 
         me = MemoryEncoderGraph(net, family, S)
         one = torch.ones(1)
-        i64 = lambda v: torch.tensor([v], dtype=torch.int64)  # noqa: E731
+        i64 = lambda v: torch.tensor([v], dtype=torch.int64)
         # Binarising (mask > 0) is only checked on a blocky mask prompt: upsampled random logits have pixels within
         # 1e-6 of 0, where ONNX Runtime and PyTorch may round to different sides (a real but meaningless flip).
         yy, xx = torch.meshgrid(torch.arange(S), torch.arange(S), indexing="ij")

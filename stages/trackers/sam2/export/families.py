@@ -56,4 +56,4 @@ def family_for(model_type: str | None, where: str) -> Family:
             "Sam3TrackerVideoModel (sam3_tracker_video / sam3_video)") from None
 
 
-__all__ = ["FAMILIES", "Family", "IMAGENET_MEAN", "IMAGENET_STD", "MODEL_TYPES", "family_for"]
+__all__ = ["FAMILIES", "IMAGENET_MEAN", "IMAGENET_STD", "MODEL_TYPES", "Family", "family_for"]

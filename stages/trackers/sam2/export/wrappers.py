@@ -272,5 +272,15 @@ class MemoryEncoderGraph(nn.Module):
         return slot, ptr
 
 
-__all__ = ["DecoderGraph", "ImageEncoderGraph", "MemoryAttentionGraph", "MemoryEncoderGraph", "NO_OBJ_SCORE",
-           "masked_cross_attention", "memory_pos", "sine_pe_1d", "top_grid", "vision_top_pos"]
+__all__ = [
+    "NO_OBJ_SCORE",
+    "DecoderGraph",
+    "ImageEncoderGraph",
+    "MemoryAttentionGraph",
+    "MemoryEncoderGraph",
+    "masked_cross_attention",
+    "memory_pos",
+    "sine_pe_1d",
+    "top_grid",
+    "vision_top_pos",
+]
