@@ -358,18 +358,35 @@ class ViewerServer:
         client.refused += 1
         return False
 
+    @staticmethod
+    async def _drain(client: _Client, timeout: float = 5.0) -> None:
+        """Read and discard what a closing client still sends until its close frame arrives (at most ``timeout``).
+
+        Closing a socket with unread input makes the kernel answer with a reset, and a reset can destroy what the
+        client has not read yet -- here the error and the close frame that say why it was dropped.  Draining first
+        lets the closing handshake finish and the TCP link end cleanly."""
+        from websockets.exceptions import ConnectionClosed
+
+        async def drain() -> None:
+            async for _ in client.ws:
+                pass
+
+        try:
+            await asyncio.wait_for(drain(), timeout)
+        except (asyncio.TimeoutError, ConnectionClosed):
+            pass
+
     async def _on_message(self, client: _Client, data: Any) -> bool:
         """Handle one message; False ends the connection."""
         self.counters["messages"] += 1
         if not self._rate_ok(client):
             if client.refused > 2 * self.config.max_rate:
-                # not awaited: the flood fills the incoming queue, so the closing handshake completes only
-                # after this handler stops reading
                 client.closing = True
                 client.ws.protocol.send_binary(encode({"t": "error", "code": "rate_limited", "ref": None,
                                                        "message": "flooding: closing the connection"}))
-                client.ws.protocol.fail(1008, "rate limit exceeded")  # close frame now, then drop the TCP link
+                client.ws.protocol.send_close(1008, "rate limit exceeded")
                 client.ws.send_data()
+                await self._drain(client)
                 return False
             now = time.monotonic()
             if now - client.last_refused_reply > 0.5:

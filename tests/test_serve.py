@@ -246,6 +246,9 @@ def test_bad_messages_get_errors_and_server_stays_up(server: ServerThread) -> No
         try:
             for i in range(400):
                 ws.send(pack({"t": "ping", "id": i, "client_ms": 0.0}))
+        except ConnectionClosed:
+            pass  # the server may close before the whole flood is sent; what it said is still readable
+        try:
             while True:
                 m = recv(ws, timeout=5)
                 if m["t"] == "error":
