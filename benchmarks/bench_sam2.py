@@ -13,7 +13,11 @@ machine noise hits both.  Reported per configuration:
 
 Both sides use the same number of intra-op threads (``--threads``, default 1 and 2).
 
-    python benchmarks/bench_sam2.py [--large] [--frames 40] [--threads 1 2] [--json out.json]
+    python benchmarks/bench_sam2.py [--large] [--image-sizes 512 768 1024] [--frames 40] [--threads 1 2]
+        [--families sam2 ...] [--json out.json]
+
+``--image-sizes``: the hiera-tiny architecture at 1024 px exported with ``--image-size`` for each size; our
+backend's ms/frame per size and per graph, and each size's time relative to the largest.
 """
 
 from __future__ import annotations
@@ -163,13 +167,58 @@ def bench(name: str, model: Any, family: str, ckpt_or_none: Path | None, work: P
     return res
 
 
+def bench_image_sizes(work: Path, sizes: list[int], n: int, threads: list[int]) -> dict[str, Any]:
+    """``export --image-size``: the SAM 2.1 hiera-tiny architecture (1024 px, random weights) exported at each size,
+    ms/frame of our backend per size and per graph, sizes interleaved per thread count."""
+    import torch
+    from transformers import Sam2VideoConfig, Sam2VideoModel
+
+    torch.manual_seed(0)
+    model = Sam2VideoModel(Sam2VideoConfig()).eval()
+    ref._randomize_zero_params(model, 0)
+    ref._set_present_head(model)
+    ckpt = work / "ckpt_sam2.1_tiny_arch_1024"
+    model.save_pretrained(ckpt)
+    del model
+    res: dict[str, Any] = {}
+    exports = {}
+    for size in sizes:
+        t0 = time.perf_counter()
+        export_model(str(ckpt), work / f"export_{size}", image_size=size, overwrite=True)
+        exports[size] = work / f"export_{size}"
+        res[str(size)] = {"export_s": round(time.perf_counter() - t0, 1), "threads": {}}
+        print(f"sizes: exported {size} px in {res[str(size)]['export_s']} s", flush=True)
+    for th in threads:
+        for size in sizes:
+            frames = ref.make_frames(n, size, occluded=())
+            tensors = [ref.to_tensor(f, *ref.mean_std("sam2")) for f in frames]
+            tracker = OnnxTracker(exports[size], threads=th)
+            times, delta = run_ours(tracker, frames, tensors, ref.shape_center(0, size, "disk"), warm=2)
+            tracker.close()
+            ms = statistics.median(times[1:])
+            res[str(size)]["threads"][th] = {
+                "onnx_ms": round(ms, 1),
+                "graph_ms": {k: round(v * 1e3 / (n - 2), 1) for k, v in delta.run_s.items()}}
+            print(f"sizes: {size} px threads={th}: {ms:.0f} ms/frame; per graph "
+                  f"{res[str(size)]['threads'][th]['graph_ms']}", flush=True)
+        top = str(max(sizes))
+        for size in sizes:
+            r = res[str(size)]["threads"][th]["onnx_ms"] / res[top]["threads"][th]["onnx_ms"]
+            res[str(size)]["threads"][th]["vs_largest"] = round(r, 3)
+        print(f"sizes: threads={th}: time vs {top} px: " + ", ".join(
+            f"{s} px {res[str(s)]['threads'][th]['vs_largest']:.2f}" for s in sizes), flush=True)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--frames", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--families", nargs="+", default=list(ref.FAMILIES))
+    ap.add_argument("--families", nargs="*", default=list(ref.FAMILIES), help="tiny families (none: skip them)")
     ap.add_argument("--large", action="store_true", help="also the hiera-tiny architecture at 512 px")
+    ap.add_argument("--image-sizes", type=int, nargs="+", metavar="PX",
+                    help="also the hiera-tiny architecture exported at each of these sizes (export --image-size)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
@@ -184,6 +233,8 @@ def main() -> None:
         if args.large:
             results["sam2.1_tiny_arch_512"] = bench("sam2.1_tiny_arch_512", large_model(), "sam2", None, work,
                                                     max(12, args.frames // 3), args.threads, 1)
+        if args.image_sizes:
+            results["image_sizes"] = bench_image_sizes(work, sorted(args.image_sizes), 6, args.threads)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -200,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--fp16", action="store_true",
                    help="fp16 graphs (LayerNorm, Softmax and the mask sigmoid stay fp32; inputs/outputs stay fp32): "
                         "half the size, for GPUs; slower on most CPUs")
+    e.add_argument("--image-size", type=int, metavar="PX",
+                   help="model input size (default: the checkpoint's own, e.g. 1024); smaller runs faster with "
+                        "coarser masks: about (PX/1024)^2 of the image encoder's time. SAM 2.1 takes multiples of "
+                        "32, EdgeTAM of 256, the SAM 3 tracker of 14")
     e.add_argument("--force", action="store_true", help="replace an existing export in --out")
     from vostream.stages.trackers.sam2.export.atc import add_om_arguments
 
@@ -300,7 +304,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     manifest = export_model(args.model, args.out, opset=args.opset or DEFAULT_OPSET, cond_slots=args.cond_slots,
-                            fp16=args.fp16, overwrite=args.force, progress=say)
+                            fp16=args.fp16, image_size=args.image_size, overwrite=args.force, progress=say)
     out = Path(args.out)
     sizes = ", ".join(f"{name} {(out / g.file).stat().st_size / 1e6:.1f} MB" for name, g in manifest.graphs.items())
     print(f"exported {args.model} ({manifest.family}, {manifest.image_size}px): {len(manifest.graphs)} graphs "

@@ -99,8 +99,11 @@ def _memory_kwargs(grid: int) -> dict[str, Any]:
     }
 
 
-def tiny_config(family: str) -> Any:
+def tiny_config(family: str, size: int | None = None) -> Any:
     """The HF video config of the tiny model of ``family`` (S=128 Hiera for sam2/edgetam, S=112 Sam3ViT for sam3).
+
+    ``size``: the same networks (same weights) configured for another input size, written out here field by field
+    as a check on the exporter's own ``--image-size`` resizing.
 
     These are the configs verified in docs/sam2-backend.md section 8 (EdgeTAM uses a Hiera vision config so that no
     timm backbone is needed).
@@ -116,7 +119,7 @@ def tiny_config(family: str) -> Any:
         "iou_head_hidden_dim": 32,
     }
     if family == "sam2":
-        size = 128
+        size = size or 128
         return tf.Sam2VideoConfig(
             vision_config=_hiera_vision_config(size),
             image_size=size,
@@ -128,7 +131,7 @@ def tiny_config(family: str) -> Any:
             **_memory_kwargs(size // 16),
         )
     if family == "edgetam":
-        size = 128
+        size = size or 128
         return tf.EdgeTamVideoConfig(
             vision_config=_hiera_vision_config(size),
             image_size=size,
@@ -143,7 +146,7 @@ def tiny_config(family: str) -> Any:
             memory_attention_mlp_hidden_size=128,
             **_memory_kwargs(size // 16),
         )
-    size = 112
+    size = size or 112
     vit = tf.Sam3ViTConfig(
         hidden_size=64,
         intermediate_size=128,
@@ -815,6 +818,19 @@ def save_tiny(family: str, out_dir: str | Path, seed: int = 0, obj_score: str = 
     if not (path / "model.safetensors").is_file():
         raise RuntimeError(f"sam2_reference.save_tiny: save_pretrained wrote no model.safetensors in {path}")
     return path
+
+
+def load_tiny_at(family: str, path: str | Path, size: int) -> Any:
+    """The model written by ``save_tiny``, rebuilt from ``tiny_config(family, size)`` with the same weights."""
+    import torch
+
+    saved = load_tiny(family, path)
+    model = model_class(family)(tiny_config(family, size)).eval()
+    model.load_state_dict(saved.state_dict(), strict=True)
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            t.data = t.data.clone()
+    return model
 
 
 def load_tiny(family: str, path: str | Path) -> Any:

@@ -198,6 +198,7 @@ def _damaged_export(exported: dict, tmp_path: Path, damage: str) -> Path:
 @pytest.mark.parametrize("case, code, needles", [
     ("export-not-a-checkpoint", 2, ["no config.json"]),
     ("export-unsupported-family", 2, ["'bert'", "Sam2VideoModel", "EdgeTamVideoModel", "Sam3TrackerVideoModel"]),
+    ("export-bad-image-size", 2, ["--image-size 100", "multiples of 32", "trained at 128"]),
     ("track-not-an-export", 2, ["not a vostream export", "vostream export"]),
     ("track-no-model", 2, ["--model"]),
     ("track-classic-provider", 2, ["'classic'", "provider"]),
@@ -216,6 +217,8 @@ def test_bad_input_one_line_error(case: str, code: int, needles: list[str], expo
         (tmp_path / "bert").mkdir()
         (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
         argv = ["export", str(tmp_path / "bert"), "--out", str(tmp_path / "exp"), "--quiet"]
+    elif case == "export-bad-image-size":
+        argv = ["export", str(exported["ckpt"]), "--out", str(tmp_path / "exp"), "--image-size", "100"]
     elif case == "track-not-an-export":
         argv = track + ["--backend", "onnx", "--model", str(exported["ckpt"])]
     elif case == "track-no-model":
@@ -245,7 +248,7 @@ def test_help_names_real_checkpoints_and_new_flags(capsys: pytest.CaptureFixture
     assert exc.value.code == 0
     text = capsys.readouterr().out
     for name in ("facebook/sam2.1-hiera-tiny", "yonigozlan/EdgeTAM-hf", "facebook/sam3", "--cond-slots", "--opset",
-                 "--force"):
+                 "--force", "--image-size"):
         assert name in text
     with pytest.raises(SystemExit):
         main(["track", "--help"])

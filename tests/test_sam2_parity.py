@@ -108,3 +108,45 @@ def test_mask_prompt_and_click_parity(family: str, sam2_tiny: Any) -> None:
     # on the prompted frame the output is the mask itself (logits +-10 resampled to the low-res grid)
     first = ours[0][1][0]
     assert first.max() > 9.0 and first.min() < -9.0
+
+
+#: another input size per family (multiples of the tiny networks' size step: 32 for Hiera, 14 for the SAM 3 ViT)
+RESIZED = {"sam2": 96, "edgetam": 160, "sam3_tracker": 84}
+
+
+@pytest.mark.parametrize("family", ref.FAMILIES)
+def test_export_at_another_image_size_matches_the_reference_at_that_size(family: str, sam2_tiny: Any,
+                                                                          tmp_path: Any) -> None:
+    """``export --image-size``: the same weights run at another input size.  The reference model at that size is
+    built from the test harness's own config (field by field), not from the exporter's resizing."""
+    from vostream.stages.trackers.sam2.export import export_model
+
+    ckpt, _ = sam2_tiny(family)
+    size = RESIZED[family]
+    model = ref.load_tiny_at(family, ckpt, size)
+    assert ref.image_size(model) == size
+    manifest = export_model(str(ckpt), tmp_path / "export", image_size=size)
+    assert manifest.image_size == size and manifest.source["trained_image_size"] != size
+    n = 24
+    mean, std = ref.mean_std(family)
+    frames = ref.make_frames(n, size)
+    tensors = [ref.to_tensor(f, mean, std) for f in frames]
+    schedule = ref.default_schedule(size)
+    theirs = ref.run_reference(model, tensors, schedule)
+    ours = _ours(tmp_path / "export", frames, tensors, schedule)
+    stats = _compare(ours, theirs)
+    assert stats["compared"] == n + (n - 20)
+    assert ours[0][1][0].shape == (4 * manifest.grid, 4 * manifest.grid) == theirs[0][1].logits.shape
+    assert any((o[1][0] > 0).any() for o in ours if 1 in o and o[1][1]), "object 1 never has a mask"
+
+
+def test_image_sizes_the_networks_cannot_take_are_refused(sam2_tiny: Any, tmp_path: Any) -> None:
+    from vostream.pipeline.errors import ConfigError
+    from vostream.stages.trackers.sam2.export import export_model
+
+    ckpt, _ = sam2_tiny("sam2")
+    for bad in (100, 32, 0):
+        with pytest.raises(ConfigError, match=r"multiples of 32 px") as info:
+            export_model(str(ckpt), tmp_path / f"x{bad}", image_size=bad)
+        assert "trained at 128" in str(info.value)
+        assert not (tmp_path / f"x{bad}").exists()

@@ -22,7 +22,7 @@ import numpy as np
 from vostream.pipeline.errors import BackendError, ConfigError
 
 from ..manifest import FORMAT_VERSION, MANIFEST_NAME, GraphSpec, Manifest, TensorSpec
-from .families import Family, family_for
+from .families import Family, family_for, resize_config
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,28 @@ def load_checkpoint(model: str) -> tuple[Any, Family, dict[str, Any]]:
         raise ConfigError(f"cannot load {model} as {family.model_class}: {type(exc).__name__}: {exc}") from exc
     net.eval()
     return net, family, config_json
+
+
+def resize_model(net: Any, family: Family, size: int) -> Any:
+    """``net`` rebuilt to run at ``size`` px: a copy of its config with :func:`resize_config` applied, and every
+    weight loaded strictly (no weight depends on the input size in these families; a strict load proves it)."""
+    import copy
+
+    torch, _ = _require_export_deps()
+    cfg = copy.deepcopy(net.config)
+    resize_config(cfg, family, size)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            resized = type(net)(cfg)
+            resized.load_state_dict(net.state_dict(), strict=True)
+            resized.eval()
+            with torch.no_grad():  # the backbone must actually take the new size
+                resized.get_image_features(torch.zeros(1, 3, size, size))
+    except Exception as exc:
+        raise ConfigError(f"--image-size {size}: {family.model_class} cannot run at that size: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    return resized
 
 
 def _onnx_export(torch: Any, module: Any, args: tuple[Any, ...], path: Path, inputs: list[str], outputs: list[str],
@@ -217,13 +239,16 @@ def _to_fp16(path: Path) -> None:
 
 
 def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET, cond_slots: int | None = None,
-                 fp16: bool = False, overwrite: bool = False,
+                 fp16: bool = False, image_size: int | None = None, overwrite: bool = False,
                  progress: Callable[[str], None] | None = None) -> Manifest:
     """Export ``model`` into ``out_dir``; returns the manifest.  Raises ConfigError / BackendError.
 
     ``fp16``: graphs compute in float16 with LayerNorm, Softmax and the memory encoder's sigmoid/threshold kept in
     float32; inputs and outputs stay float32 (so every runtime drives them the same way).  Checked against the fp32
-    PyTorch model with a looser tolerance (:data:`FP16_TOL`)."""
+    PyTorch model with a looser tolerance (:data:`FP16_TOL`).
+
+    ``image_size``: export for this input size instead of the one the checkpoint was trained at (a multiple of
+    :func:`image_size_step`); smaller is faster and coarser."""
     say = progress or (lambda msg: logger.info("%s", msg))
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -237,6 +262,10 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
     t_start = time.perf_counter()
     say(f"loading {model}")
     net, family, config_json = load_checkpoint(model)
+    trained_size = int(net.config.image_size)
+    if image_size is not None and image_size != trained_size:
+        say(f"resizing from {trained_size} to {image_size} px")
+        net = resize_model(net, family, image_size)
     from .wrappers import DecoderGraph, ImageEncoderGraph, MemoryAttentionGraph, MemoryEncoderGraph, top_grid
 
     cfg = net.config
@@ -368,6 +397,7 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
             max_object_pointers=max_ptrs, num_maskmem=int(cfg.num_maskmem), algorithm=algorithm, graphs=graphs,
             dtype="float16-mixed" if fp16 else "float32", opset=opset,
             source={"model": str(model), "model_type": config_json.get("model_type"), "class": family.model_class,
+                    "trained_image_size": trained_size,
                     "parameters": int(sum(p.numel() for p in net.parameters())),
                     "torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
                     "onnxruntime": onnxruntime.__version__},

@@ -7,6 +7,7 @@ torch to load anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from vostream.pipeline.errors import ConfigError
 
@@ -56,4 +57,64 @@ def family_for(model_type: str | None, where: str) -> Family:
             "Sam3TrackerVideoModel (sam3_tracker_video / sam3_video)") from None
 
 
-__all__ = ["FAMILIES", "IMAGENET_MEAN", "IMAGENET_STD", "MODEL_TYPES", "Family", "family_for"]
+def _lcm(*xs: int) -> int:
+    from math import lcm
+
+    return lcm(*xs)
+
+
+def image_size_step(config: Any, family: Family) -> int:
+    """Input sizes the checkpoint's networks accept are multiples of this (from the config, not hard-coded):
+
+    * the top feature grid's stride (16 for Hiera and RepViT, 14 for the SAM 3 ViT);
+    * Hiera: its deepest stage's stride (4 * 2**3 = 32) and the tiling of its window position embedding
+      (4 * window, 32 for real checkpoints);
+    * timm backbones (EdgeTAM's RepViT): 32;
+    * EdgeTAM: the spatial perceiver pools the top grid into sqrt(num_latents_2d) windows a side (16 for the real
+      checkpoint, so multiples of 256 px).
+    The SAM 3 ViT pads its attention windows and tiles its position embedding, so any multiple of 14 runs."""
+    patch = int(config.prompt_encoder_config.patch_size)
+    step = patch
+    backbone = config.vision_config.backbone_config
+    if hasattr(backbone, "window_size_per_stage"):  # Hiera
+        strides = int(backbone.patch_stride[0]) * int(backbone.query_stride[0]) ** (len(backbone.blocks_per_stage) - 1)
+        step = _lcm(step, strides, int(backbone.patch_stride[0]) * int(backbone.window_size_per_stage[0]))
+    elif "timm" in str(getattr(backbone, "model_type", "")):
+        step = _lcm(step, 32)
+    if family.perceiver:
+        side = int(round(int(config.perceiver_resampler_num_latents_2d) ** 0.5))
+        step = _lcm(step, patch * side)
+    return step
+
+
+def resize_config(config: Any, family: Family, size: int) -> None:
+    """Set a video-model config (in place) to run at ``size`` x ``size`` pixels: the image size everywhere it is
+    kept, the three backbone feature grids (4g, 2g, g for the top grid g) and the memory attention's RoPE grid.
+    :class:`ConfigError` when the networks cannot take that size."""
+    step = image_size_step(config, family)
+    trained = int(config.image_size)
+    if size < 2 * step or size % step:
+        ok = ", ".join(str(v) for v in sorted({max(2, round(trained * f / step)) * step for f in (0.5, 0.75, 1.0)}))
+        raise ConfigError(f"--image-size {size}: this {family.model_class} checkpoint takes multiples of {step} px "
+                          f"of at least {2 * step} (e.g. {ok}); it was trained at {trained}")
+    patch = int(config.prompt_encoder_config.patch_size)
+    g = size // patch
+    if family.name == "sam3_tracker":
+        config.image_size = size  # its setter sets the prompt encoder's, the ViT's and the feature grids
+    else:
+        config.image_size = size
+        config.prompt_encoder_config.image_size = size
+        backbone = config.vision_config.backbone_config
+        if hasattr(backbone, "image_size"):
+            backbone.image_size = [size, size] if isinstance(backbone.image_size, (list, tuple)) else size
+        config.vision_config.backbone_feature_sizes = [[4 * g] * 2, [2 * g] * 2, [g] * 2]
+        config.memory_attention_rope_feat_sizes = [g, g]
+    got = (int(config.image_size), [list(map(int, v)) for v in config.vision_config.backbone_feature_sizes],
+           list(map(int, config.memory_attention_rope_feat_sizes)))
+    if got != (size, [[4 * g] * 2, [2 * g] * 2, [g] * 2], [g, g]):
+        raise ConfigError(f"--image-size {size}: could not set the {family.model_class} config consistently "
+                          f"(image size, feature grids, RoPE grid = {got}); this transformers version may keep "
+                          "them elsewhere")
+
+
+__all__ = ["FAMILIES", "IMAGENET_MEAN", "IMAGENET_STD", "MODEL_TYPES", "Family", "family_for", "image_size_step", "resize_config"]
