@@ -199,6 +199,10 @@ def _damaged_export(exported: dict, tmp_path: Path, damage: str) -> Path:
     ("export-not-a-checkpoint", 2, ["no config.json"]),
     ("export-unsupported-family", 2, ["'bert'", "Sam2VideoModel", "EdgeTamVideoModel", "Sam3TrackerVideoModel"]),
     ("export-bad-image-size", 2, ["--image-size 100", "multiples of 32", "trained at 128"]),
+    ("export-hub-unreachable", 2, ["'nobody/no-such-model' is not a local directory", "hub is unreachable",
+                                   "hub.invalid"]),
+    ("export-hub-offline", 2, ["'nobody/no-such-model' is not a local directory", "not in the Hugging Face cache",
+                               "HF_HUB_OFFLINE"]),
     ("track-not-an-export", 2, ["not a vostream export", "vostream export"]),
     ("track-no-model", 2, ["--model"]),
     ("track-classic-provider", 2, ["'classic'", "provider"]),
@@ -206,7 +210,7 @@ def _damaged_export(exported: dict, tmp_path: Path, damage: str) -> Path:
     ("track-corrupt-graph", 5, ["decoder.onnx"]),
 ])
 def test_bad_input_one_line_error(case: str, code: int, needles: list[str], exported: dict, tmp_path: Path,
-                                  capfd: pytest.CaptureFixture) -> None:
+                                  capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     x, y = square_centre()
     track = ["track", str(clip()), "--point", f"{x},{y}", "--out", str(tmp_path / "out")]
     if case == "export-not-a-checkpoint":
@@ -217,6 +221,15 @@ def test_bad_input_one_line_error(case: str, code: int, needles: list[str], expo
         (tmp_path / "bert").mkdir()
         (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
         argv = ["export", str(tmp_path / "bert"), "--out", str(tmp_path / "exp"), "--quiet"]
+    elif case in ("export-hub-unreachable", "export-hub-offline"):
+        # a hub id that is not cached: offline it must fail at once with the reason, not after the client's retries
+        if case == "export-hub-offline":
+            from huggingface_hub import constants
+
+            monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+        else:
+            monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")  # RFC 2606: never resolves
+        argv = ["export", "nobody/no-such-model", "--out", str(tmp_path / "exp")]
     elif case == "export-bad-image-size":
         argv = ["export", str(exported["ckpt"]), "--out", str(tmp_path / "exp"), "--image-size", "100"]
     elif case == "track-not-an-export":

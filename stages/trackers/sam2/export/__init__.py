@@ -45,32 +45,84 @@ def _require_export_deps() -> tuple[Any, Any]:
     return torch, transformers
 
 
-def _read_json(model: str, name: str) -> dict[str, Any] | None:
-    """``name`` from a local checkpoint directory, or from the hub cache/hub; None when unavailable."""
-    local = Path(model) / name
-    if local.is_file():
+def _hub_file(model: str, name: str) -> Path:
+    """``name`` of hub repo ``model``: from the local cache when it is there (no network), else downloaded.
+
+    Raises :class:`ConfigError` saying which of these it is: not cached while offline (``HF_HUB_OFFLINE``), the
+    hub's host does not resolve (checked first, so an offline machine fails at once instead of after the hub
+    client's retries), no such repo, a gated repo, or no such file in it."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    try:
+        from huggingface_hub import constants, hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
+    except ImportError:
+        raise ConfigError(f"{model!r} is not a local directory, and huggingface_hub (to fetch it from the hub) "
+                          "is not installed: pip install 'vostream[export]'") from None
+    try:
+        return Path(hf_hub_download(model, name, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached (or not a valid id): go online below
+        pass
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(f"{model!r} is not a local directory and its {name} is not in the Hugging Face cache "
+                          "(HF_HUB_OFFLINE is set): download it on a connected machine first")
+    host = urlparse(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as exc:
+        raise ConfigError(f"{model!r} is not a local directory, and the Hugging Face hub is unreachable from "
+                          f"here ({host}: {exc.strerror or exc}); pass a directory written by save_pretrained, or "
+                          "fetch the checkpoint on a connected machine (it is then read from the cache)") from None
+    try:
+        return Path(hf_hub_download(model, name))
+    except GatedRepoError:
+        raise ConfigError(f"{model} is gated on the Hugging Face hub: accept its licence on "
+                          f"https://huggingface.co/{model} and log in (`hf auth login`)") from None
+    except RepositoryNotFoundError:
+        raise ConfigError(f"{model!r} is neither a local directory nor a Hugging Face hub repo "
+                          "(or it is private: log in with `hf auth login`)") from None
+    except EntryNotFoundError:
+        raise ConfigError(f"{model}: the hub repo has no {name}") from None
+    except Exception as exc:  # noqa: BLE001 - network failures of every kind
+        raise ConfigError(f"cannot fetch {name} of {model} from the Hugging Face hub: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+
+def _read_json(model: str, name: str, required: bool = False) -> dict[str, Any] | None:
+    """``name`` from a local checkpoint directory, or from the hub cache/hub.  None when unavailable, unless
+    ``required`` (then :class:`ConfigError` says why)."""
+    if Path(model).exists():
+        local = Path(model) / name
         try:
             return dict(json.loads(local.read_text()))
-        except (OSError, ValueError):
+        except FileNotFoundError:
+            if required:
+                raise ConfigError(f"cannot load checkpoint: {model}: no {name}") from None
             return None
-    if Path(model).exists():
-        return None
+        except (OSError, ValueError) as exc:
+            if required:
+                raise ConfigError(f"cannot load checkpoint: {local}: {exc}") from None
+            return None
     try:
-        from huggingface_hub import hf_hub_download
-
-        return dict(json.loads(Path(hf_hub_download(model, name)).read_text()))
-    except Exception:  # noqa: BLE001 - optional metadata (no network, no file): fall back to family defaults
+        path = _hub_file(model, name)
+        return dict(json.loads(path.read_text()))
+    except ConfigError:
+        if required:
+            raise
+        return None  # optional metadata: fall back to the family's defaults
+    except (OSError, ValueError) as exc:
+        if required:
+            raise ConfigError(f"cannot load checkpoint: {model}: {name}: {exc}") from None
         return None
 
 
 def load_checkpoint(model: str) -> tuple[Any, Family, dict[str, Any]]:
     """Load ``model`` (hub id or ``save_pretrained`` directory) as its family's video model, in eval mode, fp32."""
     torch, transformers = _require_export_deps()
-    config_json = _read_json(model, "config.json")
-    if config_json is None:
-        where = f"{model}: no config.json" if Path(model).exists() else \
-            f"{model!r} is neither a local directory nor a reachable Hugging Face hub id"
-        raise ConfigError(f"cannot load checkpoint: {where}")
+    config_json = _read_json(model, "config.json", required=True)
+    assert config_json is not None
     family = family_for(config_json.get("model_type"), str(model))
     cls = getattr(transformers, family.model_class)
     try:
