@@ -60,8 +60,13 @@ def om_dir(sam2_tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _register_gears(model_dir: Path) -> None:
-    fake.model_options(model_dir / "decoder.om", dynamic_dims=GEARS)
+def _register_gears(model_dir: Path, decoder: bool = True) -> None:
+    """What ATC's options give the .om files: the decoder's K gears; memory attention's static slot and pointer
+    counts (its ONNX file takes shorter views, which a static .om does not)."""
+    if decoder:
+        fake.model_options(model_dir / "decoder.om", dynamic_dims=GEARS)
+    m = load_manifest(model_dir)
+    fake.model_options(model_dir / "memory_attention.om", **atc_dynamic_options(m.graphs["memory_attention"]))
 
 
 @pytest.fixture
@@ -223,6 +228,8 @@ def test_per_frame_transfers_and_resident_bank(acl: types.ModuleType, om_dir: Pa
             assert len(handles["datasets"]) == 2 * len(m.graphs) and len(handles["data_buffers"]) == buffers
         assert len(per_frame) == 12
         assert fake.stats().mallocs == mallocs  # no allocation per frame
+        # a static .om always takes the whole bank (empty slots masked); only dynamic-shape runtimes bind views
+        assert not runtime.dynamic_shapes and session.metrics()["memory_slots_per_attention"] == m.key_slots
     finally:
         session.close()
         tracker.close()
@@ -483,7 +490,8 @@ def test_load_checks_against_the_manifest(acl: types.ModuleType, om_dir: Path, t
 def test_decoder_without_gears_fails_to_load_with_the_acl_code(acl: types.ModuleType, om_dir: Path,
                                                                tmp_path: Path) -> None:
     plain = tmp_path / "plain"
-    shutil.copytree(om_dir, plain)  # no model_options: a decoder .om with an unresolved K
+    shutil.copytree(om_dir, plain)
+    _register_gears(plain, decoder=False)  # a decoder .om with an unresolved K
     with pytest.raises(BackendError) as err:
         AclTracker(plain)
     message = str(err.value)

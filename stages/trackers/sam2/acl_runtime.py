@@ -142,9 +142,14 @@ def atc_dynamic_options(spec: GraphSpec, gears: Sequence[int] = DECODER_GEARS) -
 
     Every symbolic axis becomes ``-1``; each gear gives every ``-1`` the same value (one symbol, e.g. ``K``), e.g.
     ``{"input_shape": "...;points:1,-1,2;labels:1,-1;...", "dynamic_dims": "1,1;2,2;...;8,8"}``.  Returns ``{}``
-    for a fully static graph.  (The fake ``acl`` takes the same strings through ``acl_fake.model_options``.)"""
+    for a fully static graph.  A graph whose ONNX file has dynamic axes the manifest pins (``spec.shrinkable``:
+    memory attention's slot and pointer axes) gets just ``input_shape`` with the manifest's static shapes.  (The fake
+    ``acl`` takes the same strings through ``acl_fake.model_options``.)"""
     markers = sum(1 for t in spec.inputs for d in t.shape if isinstance(d, str))
     if not markers:
+        if spec.shrinkable:
+            return {"input_shape": ";".join(f"{t.name}:" + ",".join(str(int(d)) for d in t.shape)
+                                            for t in spec.inputs)}
         return {}
     symbols = {d for t in spec.inputs for d in t.shape if isinstance(d, str)}
     if len(symbols) != 1:
@@ -418,10 +423,12 @@ class AclRuntime(Runtime):
                 path = self.om_path(spec, Path(model_dir))
                 if not path.is_file():
                     hint = ""
-                    if any(isinstance(d, str) for t in spec.inputs for d in t.shape):
-                        opts = atc_dynamic_options(spec)
+                    opts = atc_dynamic_options(spec)
+                    if "dynamic_dims" in opts:
                         hint = (f' --input_format=ND --input_shape="{opts["input_shape"]}" '
                                 f'--dynamic_dims="{opts["dynamic_dims"]}"')
+                    elif opts:
+                        hint = f' --input_shape="{opts["input_shape"]}"'
                     raise BackendError(
                         f"{self.name}.load: graph {gname!r}: {path} not found; convert the export with ATC, e.g. "
                         f"atc --framework=5 --model={Path(model_dir) / spec.file} --output={path.with_suffix('')} "

@@ -35,15 +35,36 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class GraphSpec:
+    """One graph.  ``shrinkable``: input name -> (axis, symbol) where the ONNX file also accepts any size up to the
+    manifest's (memory attention's slot and pointer axes): a runtime with dynamic shapes may bind a shorter view
+    there, one compiled for static shapes (ATC) uses the manifest's size."""
+
     name: str
     file: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    shrinkable: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, name: str, d: dict[str, Any]) -> GraphSpec:
+        shrink = {str(k): (int(v[0]), str(v[1])) for k, v in dict(d.get("shrinkable") or {}).items()}
         return cls(name, str(d["file"]), tuple(TensorSpec.from_json(t) for t in d["inputs"]),
-                   tuple(TensorSpec.from_json(t) for t in d["outputs"]))
+                   tuple(TensorSpec.from_json(t) for t in d["outputs"]), shrink)
+
+    def with_shrinkable_axes(self) -> GraphSpec:
+        """This spec with every shrinkable axis made symbolic (what a dynamic-shape runtime checks against)."""
+        if not self.shrinkable:
+            return self
+
+        def sym(t: TensorSpec) -> TensorSpec:
+            if t.name not in self.shrinkable:
+                return t
+            axis, symbol = self.shrinkable[t.name]
+            shape = list(t.shape)
+            shape[axis] = symbol
+            return TensorSpec(t.name, tuple(shape), t.dtype)
+
+        return GraphSpec(self.name, self.file, tuple(sym(t) for t in self.inputs), self.outputs, self.shrinkable)
 
     def input(self, name: str) -> TensorSpec:
         return next(t for t in self.inputs if t.name == name)
@@ -87,7 +108,9 @@ class Manifest:
         d = asdict(self)
         d["format"] = FORMAT
         d["graphs"] = {name: {"file": g.file, "inputs": [asdict(t) for t in g.inputs],
-                              "outputs": [asdict(t) for t in g.outputs]} for name, g in self.graphs.items()}
+                              "outputs": [asdict(t) for t in g.outputs],
+                              **({"shrinkable": {k: list(v) for k, v in g.shrinkable.items()}} if g.shrinkable else {})}
+                       for name, g in self.graphs.items()}
         return d
 
     def write(self, out_dir: Path) -> Path:

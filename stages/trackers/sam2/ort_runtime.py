@@ -194,6 +194,8 @@ class OrtRuntime(Runtime):
         names = [p if isinstance(p, str) else p[0] for p in self._providers]
         self._primary = names[0]
         self._device_type = "cuda" if self._primary in _CUDA_MEMORY_EPS else "cpu"
+        # shorter memory-attention views each frame: free on CPU and CUDA; TensorRT would build an engine per shape
+        self.dynamic_shapes = self._primary != "TensorrtExecutionProvider"
         if session_options is None:
             session_options = self._ort.SessionOptions()
             session_options.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -269,6 +271,7 @@ class OrtRuntime(Runtime):
         model_dir = Path(model_dir)
         loaded: dict[str, _Graph] = {}
         for gname, spec in manifest.graphs.items():
+            spec = spec.with_shrinkable_axes()  # ORT takes any size there: sessions may bind shorter views
             path = model_dir / spec.file
             if not path.is_file():
                 raise BackendError(f"OrtRuntime.load: graph {gname!r}: model file {path} not found "

@@ -88,6 +88,8 @@ class Runtime(ABC):
     #: most prompt points (clicks + box corners) one decoder call takes; None = no limit beyond the session's own
     #: (the Ascend decoder is compiled for a fixed set of point counts)
     max_points: int | None = None
+    #: graphs may be run with shorter views on their shrinkable axes (``GraphSpec.shrinkable``)
+    dynamic_shapes: bool = False
 
     def __init__(self) -> None:
         self.stats = TransferStats()

@@ -79,6 +79,8 @@ class Sam2Stats:
     frames: int = 0
     cond_frames: int = 0
     evicted_cond: int = 0
+    attentions: int = 0        # memory-attention runs
+    attended_slots: int = 0    # memory slots bound over those runs (all C + N unless the runtime takes views)
 
 
 class Sam2Session(TrackerSession):
@@ -95,6 +97,8 @@ class Sam2Session(TrackerSession):
         self.S, self.P = S, P
         self.C, self.N, self.Q = m.cond_slots, m.recent_slots, m.pointer_slots
         self.L = self.C + self.N
+        # bind only the slot / pointer range that holds memories (the rest is masked anyway): fewer keys to attend
+        self._shrink = bool(runtime.dynamic_shapes and m.graphs["memory_attention"].shrinkable)
         self.R = self.Q - self.C  # recent pointer slots (max_object_pointers - 1)
         self.T, self.M, self.D = m.tokens_per_slot, M, D
         rt = runtime
@@ -200,6 +204,7 @@ class Sam2Session(TrackerSession):
         out: dict[str, Any] = {
             "frames": self.stats.frames, "cond_frames": self.stats.cond_frames,
             "evicted_cond_frames": self.stats.evicted_cond,
+            "memory_slots_per_attention": round(self.stats.attended_slots / max(1, self.stats.attentions), 3),
             "h2d_bytes_per_frame": st.h2d_bytes / n, "d2h_bytes_per_frame": st.d2h_bytes / n,
             "d2d_bytes_per_frame": st.d2d_bytes / n}
         out.update({f"{k}_ms_per_frame": round(v * 1e3 / n, 3) for k, v in st.run_s.items()})
@@ -329,11 +334,17 @@ class Sam2Session(TrackerSession):
         P = self.P
         mask_path = inp is not None and inp.mask is not None
         if inp is None:  # tracking frame: memory attention over the bank, no prompt
-            self._upload_memory_meta(obj, now)
+            lo, hi, plo, phi = self._upload_memory_meta(obj, now)
+            n, q = hi - lo, phi - plo
+            TM = self.T * self.M
             rt.run("memory_attention",
-                   {"feat": b["feat"], "bank": obj.bank, "slot_tpos": b["slot_tpos"],
-                    "slot_valid": b["slot_valid"], "ptrs": obj.ptrs, "ptr_tdiff": b["ptr_tdiff"],
-                    "ptr_valid": b["ptr_valid"]}, {"pix_feat": b["pix_feat"]})
+                   {"feat": b["feat"], "bank": rt.view(obj.bank, lo * TM, (n, self.T, self.M)),
+                    "slot_tpos": rt.view(b["slot_tpos"], 0, (n,)), "slot_valid": rt.view(b["slot_valid"], 0, (n,)),
+                    "ptrs": rt.view(obj.ptrs, plo * self.D, (q, self.D)),
+                    "ptr_tdiff": rt.view(b["ptr_tdiff"], 0, (q,)), "ptr_valid": rt.view(b["ptr_valid"], 0, (q,))},
+                   {"pix_feat": b["pix_feat"]})
+            self.stats.attentions += 1
+            self.stats.attended_slots += n
             pix = b["pix_feat"]
             pts, labels, n_points = np.zeros((1, 2), np.float32), np.full((1,), -1, np.int32), 0
         else:
@@ -399,9 +410,11 @@ class Sam2Session(TrackerSession):
         return out, conf, present
 
     def _cond_slot(self, obj: _Object) -> int:
-        """A free conditioning slot, else the oldest one (evicted: the reference would keep it)."""
-        for i, s in enumerate(obj.cond_steps):
-            if s < 0:
+        """A free conditioning slot, else the oldest one (evicted: the reference would keep it).  Free slots are
+        taken from the last one down, so the filled ones sit next to the recent slots: with one conditioning frame
+        the bound range skips the C - 1 empty ones."""
+        for i in reversed(range(self.C)):
+            if obj.cond_steps[i] < 0:
                 return i
         oldest = int(np.argmin(obj.cond_steps))
         self.stats.evicted_cond += 1
@@ -409,7 +422,10 @@ class Sam2Session(TrackerSession):
                     obj.obj_id, self.C, obj.cond_steps[oldest])
         return oldest
 
-    def _upload_memory_meta(self, obj: _Object, now: int) -> None:
+    def _upload_memory_meta(self, obj: _Object, now: int) -> tuple[int, int, int, int]:
+        """Upload slot ages/validity and pointer offsets/validity; returns the slot range ``[lo, hi)`` and pointer
+        range ``[plo, phi)`` to bind: everything, or (runtime with dynamic shapes) the smallest ranges holding every
+        valid entry, whose metadata then starts at offset 0 of the metadata buffers."""
         C, N, R = self.C, self.N, self.R
         tpos = np.zeros(self.L, np.int64)
         valid = np.zeros(self.L, np.float32)
@@ -430,10 +446,17 @@ class Sam2Session(TrackerSession):
                 tdiff[C + r], pvalid[C + r] = age, 1.0
         if not valid.any():
             raise BackendError(f"object {obj.obj_id}: no memory to attend to (internal error)")
-        self.rt.upload(self.b["slot_tpos"], tpos)
-        self.rt.upload(self.b["slot_valid"], valid)
-        self.rt.upload(self.b["ptr_tdiff"], tdiff)
-        self.rt.upload(self.b["ptr_valid"], pvalid)
+        lo, hi, plo, phi = 0, self.L, 0, self.Q
+        if self._shrink:
+            idx, pidx = np.flatnonzero(valid), np.flatnonzero(pvalid)
+            lo, hi = int(idx[0]), int(idx[-1]) + 1
+            plo, phi = int(pidx[0]), int(pidx[-1]) + 1  # a valid slot's conditioning pointer is valid too
+        rt, b = self.rt, self.b
+        rt.upload(rt.view(b["slot_tpos"], 0, (hi - lo,)), tpos[lo:hi])
+        rt.upload(rt.view(b["slot_valid"], 0, (hi - lo,)), valid[lo:hi])
+        rt.upload(rt.view(b["ptr_tdiff"], 0, (phi - plo,)), tdiff[plo:phi])
+        rt.upload(rt.view(b["ptr_valid"], 0, (phi - plo,)), pvalid[plo:phi])
+        return lo, hi, plo, phi
 
 
 __all__ = ["MAX_POINTS", "Sam2Session", "resize_aa"]

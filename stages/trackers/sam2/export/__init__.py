@@ -351,8 +351,10 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
         verify: dict[str, Any] = {}
 
         def do(name: str, module: Any, args_list: list[tuple[Any, ...]], in_names: list[str], out_names: list[str],
-               dynamic: dict[str, dict[int, str]] | None = None, rel: dict[str, float] | None = None
-               ) -> tuple[Any, ...]:
+               dynamic: dict[str, dict[int, str]] | None = None, rel: dict[str, float] | None = None,
+               shrink: dict[str, tuple[int, str]] | None = None) -> tuple[Any, ...]:
+            """Export, verify on every feed of ``args_list``, record.  ``dynamic``: symbolic axes in the manifest;
+            ``shrink``: axes dynamic in the ONNX file but kept at the first feed's size in the manifest."""
             t0 = time.perf_counter()
             path = tmp / f"{name}.onnx"
             module.eval()
@@ -360,7 +362,10 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
                 outs = module(*args_list[0])
             outs = outs if isinstance(outs, tuple) else (outs,)
             with torch.no_grad():
-                _onnx_export(torch, module, args_list[0], path, in_names, out_names, opset, dynamic)
+                axes = dict(dynamic or {})
+                for tname, (axis, symbol) in (shrink or {}).items():
+                    axes.setdefault(tname, {})[axis] = symbol
+                _onnx_export(torch, module, args_list[0], path, in_names, out_names, opset, axes or None)
             _dedupe_constants(path)
             diffs = _verify(name, path, module, args_list, in_names, out_names, torch, rel)
             if fp16:
@@ -368,7 +373,7 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
                 diffs = _verify(name, path, module, args_list, in_names, out_names, torch,
                                 {n: FP16_TOL for n in out_names}, tol=FP16_TOL)
             graphs[name] = GraphSpec(name, path.name, _specs(in_names, args_list[0], dynamic),
-                                     _specs(out_names, outs, dynamic))
+                                     _specs(out_names, outs, dynamic), dict(shrink or {}))
             verify[name] = {"max_abs_diff": diffs, "export_s": round(time.perf_counter() - t0, 2)}
             say(f"  {name}: exported and verified in {time.perf_counter() - t0:.1f} s "
                 f"(max |diff| {max(diffs.values()):.2g})")
@@ -382,16 +387,22 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
         ma = MemoryAttentionGraph(net, family, S, L, Q)
         T = int(ma.mem_pos.shape[0])
 
-        def ma_args(n_valid: int, n_ptr: int) -> tuple[Any, ...]:
-            tpos = torch.tensor([N] * C + list(range(N)), dtype=torch.int64)
-            sv = torch.zeros(L)
+        def ma_args(n_valid: int, n_ptr: int, slots: int = L, pointers: int = Q) -> tuple[Any, ...]:
+            tpos = torch.tensor(([N] * C + list(range(N)))[L - slots:], dtype=torch.int64)
+            sv = torch.zeros(slots)
             sv[:n_valid] = 1
-            pv = torch.zeros(Q)
+            pv = torch.zeros(pointers)
             pv[:n_ptr] = 1
-            return (feat, rnd(L, T, M), tpos, sv, rnd(Q, D), torch.arange(1, Q + 1, dtype=torch.float32), pv)
+            return (feat, rnd(slots, T, M), tpos, sv, rnd(pointers, D),
+                    torch.arange(1, pointers + 1, dtype=torch.float32), pv)
 
-        do("memory_attention", ma, [ma_args(L, Q), ma_args(1, 1), ma_args(C + 2, 5)],
-           ["feat", "bank", "slot_tpos", "slot_valid", "ptrs", "ptr_tdiff", "ptr_valid"], ["pix_feat"])
+        # full, masked, and shorter views of the slot and pointer axes (what the session binds while the bank fills)
+        do("memory_attention", ma, [ma_args(L, Q), ma_args(1, 1), ma_args(C + 2, 5), ma_args(N + 1, Q - C + 1, N + 1,
+                                                                                            Q - C + 1),
+                                    ma_args(1, 1, 1, 1), ma_args(2, 3, 3, 4)],
+           ["feat", "bank", "slot_tpos", "slot_valid", "ptrs", "ptr_tdiff", "ptr_valid"], ["pix_feat"],
+           shrink={"bank": (0, "slots"), "slot_tpos": (0, "slots"), "slot_valid": (0, "slots"),
+                   "ptrs": (0, "pointers"), "ptr_tdiff": (0, "pointers"), "ptr_valid": (0, "pointers")})
 
         de = DecoderGraph(net)
         pts = torch.tensor([[[S * 0.3, S * 0.4], [S * 0.6, S * 0.7], [0.0, 0.0]]])

@@ -147,24 +147,26 @@ class MemoryAttentionGraph(nn.Module):
 
     def forward(self, feat: torch.Tensor, bank: torch.Tensor, slot_tpos: torch.Tensor, slot_valid: torch.Tensor,
                 ptrs: torch.Tensor, ptr_tdiff: torch.Tensor, ptr_valid: torch.Tensor) -> torch.Tensor:
+        # every size below comes from the inputs' shapes, so the exported graph also takes fewer slots / pointers
+        # than ``self.slots`` / ``self.pointers`` (the session binds only the range that holds memories)
         m = self.model
-        L, T, M = self.slots, self.mem_pos.shape[0], self.mem_dim
-        tpos = m.memory_temporal_positional_encoding[slot_tpos].reshape(L, 1, M)
-        bank_pos = (self.mem_pos[None] + tpos).reshape(L * T, M)
+        T, M = self.mem_pos.shape[0], self.mem_dim
+        tpos = m.memory_temporal_positional_encoding[slot_tpos].reshape(-1, 1, M)
+        bank_pos = (self.mem_pos[None] + tpos).reshape(-1, M)
         if self.ptr_tpos:
             sine = sine_pe_1d(ptr_tdiff / float(self.max_ptrs - 1), self.hidden)
             ptr_pos = m.temporal_positional_encoding_projection_layer(sine)
         else:
-            ptr_pos = torch.zeros(self.pointers, M, dtype=feat.dtype)
-        ptr_tok = ptrs.reshape(self.pointers * self.split, M)
+            ptr_pos = torch.zeros_like(ptrs[:, :M])
+        ptr_tok = ptrs.reshape(-1, M)
         ptr_pos = ptr_pos.repeat_interleave(self.split, dim=0)
-        memory = torch.cat([bank.reshape(L * T, M), ptr_tok], dim=0)[:, None]
+        memory = torch.cat([bank.reshape(-1, M), ptr_tok], dim=0)[:, None]
         memory_pos_all = torch.cat([bank_pos, ptr_pos], dim=0)[:, None]
         valid = torch.cat([slot_valid.repeat_interleave(T), ptr_valid.repeat_interleave(self.split)])
         self.holder["mask"] = torch.where(valid > 0.5, torch.zeros_like(valid), torch.full_like(valid, -math.inf))
-        kwargs: dict[str, Any] = {"num_object_pointer_tokens": self.pointers * self.split}
+        kwargs: dict[str, Any] = {"num_object_pointer_tokens": ptr_tok.shape[0]}
         if self.family.perceiver:
-            kwargs["num_spatial_memory_tokens"] = L
+            kwargs["num_spatial_memory_tokens"] = bank.shape[0]
         with masked_cross_attention(m, self.holder):
             out = m.memory_attention(current_vision_features=feat.transpose(0, 1), memory=memory,
                                      current_vision_position_embeddings=self.vis_pos,
