@@ -10,10 +10,9 @@ Shapes default to SAM 2.1's cross-attention at 512 px (1024 queries, 8 x 1024 + 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
+from ort_timing import cpu_session, median_ms
 
 
 def _chain(q: int, k: int, d: int, mask: bool):  # type: ignore[no-untyped-def]
@@ -54,8 +53,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    import onnxruntime as ort
-
     q, k, d = args.queries, args.keys, args.dim
     rng = np.random.default_rng(0)
     feed = {"q": rng.standard_normal((1, q, d), np.float32), "k": rng.standard_normal((1, k, d), np.float32),
@@ -67,17 +64,8 @@ def main() -> None:
     for threads in args.threads:
         outs, base = [], None
         for name, model, extra in variants:
-            so = ort.SessionOptions()
-            so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-            f = dict(feed, **extra)
-            outs.append(sess.run(None, f)[0])
-            times = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                sess.run(None, f)
-                times.append(time.perf_counter() - t0)
-            ms = statistics.median(times) * 1e3
+            ms, got = median_ms(cpu_session(model.SerializeToString(), threads), dict(feed, **extra), args.repeats)
+            outs.append(got[0])
             base = base or ms
             print(f"threads={threads} {name}: {ms:.0f} ms ({ms / base:.2f} of the chain)", flush=True)
         diff = max(float(np.abs(o - outs[0]).max()) for o in outs[1:])

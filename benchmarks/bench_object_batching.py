@@ -11,11 +11,11 @@ A ratio below 1 means batching B objects beats running them one after the other.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 import warnings
 from pathlib import Path
+
+from ort_timing import cpu_session, median_ms
 
 
 def main() -> None:
@@ -24,7 +24,6 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=4)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
-    import onnxruntime as ort
     import torch
     from transformers import Sam2VideoConfig, Sam2VideoModel
 
@@ -63,17 +62,7 @@ def main() -> None:
         print(f"memory attention, SAM 2.1 hiera-tiny architecture at {s} px: {tokens} queries x {keys} keys")
         for threads in (1, 2):
             for b in (1, 2, 4):
-                so = ort.SessionOptions()
-                so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-                sess = ort.InferenceSession(str(paths[b][0]), so, providers=["CPUExecutionProvider"])
-                feed = paths[b][1]
-                sess.run(None, feed)
-                times = []
-                for _ in range(args.repeats):
-                    t0 = time.perf_counter()
-                    sess.run(None, feed)
-                    times.append(time.perf_counter() - t0)
-                ms = statistics.median(times) * 1e3
+                ms, _ = median_ms(cpu_session(str(paths[b][0]), threads), paths[b][1], args.repeats)
                 if b == 1:
                     single[threads] = ms
                 ratio = ms / (b * single[threads])
