@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from .errors import VostreamError
+from .errors import VostreamError, describe
 from .run import run_warnings
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class JobRunner:
             write_manifest(job.out_dir, job.key, job.fingerprint, stats)
             return result
         except Exception as exc:  # noqa: BLE001 - one video's failure is reported, never raised
-            message = str(exc) if isinstance(exc, VostreamError) else f"{type(exc).__name__}: {exc}"
+            message = describe(exc) if isinstance(exc, VostreamError) else f"{type(exc).__name__}: {exc}"
             logger.info("video %s failed: %s", job.key, message)
             try:
                 clean_outputs(job.out_dir)

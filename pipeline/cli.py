@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .config import PROVIDERS
-from .errors import ConfigError, PromptError, VostreamError
+from .errors import ConfigError, PromptError, VostreamError, describe
 
 logger = logging.getLogger("vostream")
 
@@ -352,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except VostreamError as exc:
         if args.debug:
             logger.exception("failed")
-        print(f"vostream: error: {exc}", file=sys.stderr)
+        print(f"vostream: error: {describe(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("vostream: interrupted", file=sys.stderr)

@@ -5,7 +5,8 @@ builtin that matches its meaning, so callers who only know Python's builtins sti
 (``except ValueError`` catches a bad prompt, ``except OSError`` a missing file).
 
 Messages name the input or the stage and, where one exists, the fix.  Causes are chained with ``raise ... from``.
-The CLI prints ``str(error)`` on one line and exits non-zero; it never dumps a traceback for these.
+The CLI prints :func:`describe` (the message and its notes) on one line and exits non-zero; it never dumps a
+traceback for these.
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ class Interrupted(VostreamError, KeyboardInterrupt):
     exit_code = 130
 
 
+def describe(exc: BaseException) -> str:
+    """``str(exc)`` on one line, followed by its notes (the engine adds one naming the stage an error came from)."""
+    parts = [str(exc), *(str(n) for n in getattr(exc, "__notes__", ()) or ())]
+    return " ".join(" ".join(p.split()) for p in parts if p)
+
+
 __all__ = [
     "BackendError",
     "ConfigError",
@@ -73,4 +80,5 @@ __all__ = [
     "SourceError",
     "StageError",
     "VostreamError",
+    "describe",
 ]

@@ -383,6 +383,27 @@ def test_pipeline_stops_on_device_error_and_closes_outputs(acl: types.ModuleType
     assert not list(out.rglob("*.tmp")) and not list(out.rglob(".*.tmp*"))
 
 
+def test_cli_names_the_stage_of_a_device_error(acl: types.ModuleType, om_dir: Path, tmp_path: Path,
+                                               capfd: pytest.CaptureFixture) -> None:
+    """What a user sees when the device fails mid-run: one line with the ACL call, the code and the stage."""
+    from media import make_video, square_frames, square_mask
+    from vostream.pipeline.cli import main
+
+    w, h, n = 96, 64, 12
+    video = make_video(tmp_path / "clip.mp4", square_frames(n, w, h, step=2), fps=25)
+    ys, xs = np.nonzero(square_mask(0, w, h, step=2))
+    fake.inject("mdl.execute_async", 507011, after=3 + 4 * 4)
+    rc = main(["track", str(video), "--backend", "acl", "--model", str(om_dir), "--point",
+               f"{xs.mean():.0f},{ys.mean():.0f}", "--out", str(tmp_path / "out"), "--quiet"])
+    out, err = capfd.readouterr()
+    assert rc == BackendError.exit_code, err
+    errors = [line for line in err.splitlines() if line.startswith("vostream: error:")]
+    assert len(errors) == 1, err
+    assert "507011" in errors[0] and "acl.mdl.execute_async" in errors[0] and "stage 'track'" in errors[0]
+    assert "Traceback" not in out + err
+    fake.assert_no_leaks()
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # 5. memory plan
 # ------------------------------------------------------------------------------------------------------------------
