@@ -27,13 +27,11 @@ def main() -> None:
     import torch
     from transformers import Sam2VideoConfig, Sam2VideoModel
 
+    from vostream.stages.trackers.sam2.export.families import FAMILIES, resize_config
+
     s, g = args.size, args.size // 16
     cfg = Sam2VideoConfig()
-    cfg.image_size = s
-    cfg.prompt_encoder_config.image_size = s
-    cfg.vision_config.backbone_config.image_size = [s, s]
-    cfg.vision_config.backbone_feature_sizes = [[4 * g] * 2, [2 * g] * 2, [g] * 2]
-    cfg.memory_attention_rope_feat_sizes = [g, g]
+    resize_config(cfg, FAMILIES["sam2"], s)
     torch.manual_seed(0)
     model = Sam2VideoModel(cfg).eval()
 

@@ -42,6 +42,7 @@ import sam2_reference as ref  # noqa: E402
 from vostream.pipeline.types import Frame, Prompt  # noqa: E402
 from vostream.stages.trackers.sam2 import OnnxTracker  # noqa: E402
 from vostream.stages.trackers.sam2.export import export_model  # noqa: E402
+from vostream.stages.trackers.sam2.export.families import FAMILIES, resize_config  # noqa: E402
 
 
 #: frames before timing starts: the prompted frame, then 7 tracking frames, after which all 6 recent memory slots
@@ -55,12 +56,7 @@ def large_model() -> Any:
     from transformers import Sam2VideoConfig, Sam2VideoModel
 
     cfg = Sam2VideoConfig()
-    s = 512
-    cfg.image_size = s
-    cfg.vision_config.backbone_config.image_size = [s, s]
-    cfg.vision_config.backbone_feature_sizes = [[s // 4] * 2, [s // 8] * 2, [s // 16] * 2]
-    cfg.memory_attention_rope_feat_sizes = [s // 16, s // 16]
-    cfg.prompt_encoder_config.image_size = s
+    resize_config(cfg, FAMILIES["sam2"], 512)
     torch.manual_seed(0)
     model = Sam2VideoModel(cfg).eval()
     ref._randomize_zero_params(model, 0)

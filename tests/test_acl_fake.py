@@ -139,6 +139,19 @@ def load(acl: types.ModuleType, path: str) -> tuple[int, int]:
     assert acl.mdl.get_desc(desc, model_id) == 0
     return model_id, desc
 
+def linear_io(acl: types.ModuleType, models: dict[str, str], fill: float = 0.0
+              ) -> tuple[int, int, int, int, int, int]:
+    """The ``linear`` model loaded, its input ``x`` (2x4 float32, set to ``fill``) and output ``y`` on the device,
+    each in a dataset: ``(model_id, desc, x, y, ins, outs)``."""
+    model_id, desc = load(acl, models["linear"])
+    x, _ = acl.rt.malloc(32, 0)
+    y, _ = acl.rt.malloc(24, 0)
+    h2d(acl, x, np.full((2, 4), fill, np.float32))
+    ins, _ = dataset(acl, (x, 32))
+    outs, _ = dataset(acl, (y, 24))
+    return model_id, desc, x, y, ins, outs
+
+
 
 # ------------------------------------------------------------------------------------------------------------------
 # module object
@@ -513,12 +526,7 @@ def test_execute_validation(dev: Any, models: dict[str, str]) -> None:
 
 def test_unload_with_queued_work_and_model_on_two_streams(dev: Any, models: dict[str, str]) -> None:
     acl, _, stream = dev
-    model_id, _ = load(acl, models["linear"])
-    x, _ = acl.rt.malloc(32, 0)
-    y, _ = acl.rt.malloc(24, 0)
-    h2d(acl, x, np.zeros((2, 4), np.float32))
-    ins, _ = dataset(acl, (x, 32))
-    outs, _ = dataset(acl, (y, 24))
+    model_id, _, x, y, ins, outs = linear_io(acl, models)
     other, _ = acl.rt.create_stream()
     assert acl.mdl.execute_async(model_id, ins, outs, stream) == 0
     assert acl.mdl.execute_async(model_id, ins, outs, other) == fake.ACL_ERROR_INVALID_PARAM
@@ -748,12 +756,7 @@ def test_leak_reporting_follows_the_release_order(dev: Any, models: dict[str, st
 
 def test_fault_injection(dev: Any, models: dict[str, str]) -> None:
     acl, _, stream = dev
-    model_id, desc = load(acl, models["linear"])
-    x, _ = acl.rt.malloc(32, 0)
-    y, _ = acl.rt.malloc(24, 0)
-    h2d(acl, x, np.zeros((2, 4), np.float32))
-    ins, _ = dataset(acl, (x, 32))
-    outs, _ = dataset(acl, (y, 24))
+    model_id, desc, x, y, ins, outs = linear_io(acl, models)
 
     rule = fake.inject("mdl.execute_async", fake.ACL_ERROR_RT_MODEL_EXECUTE)
     assert acl.mdl.execute_async(model_id, ins, outs, stream) == fake.ACL_ERROR_RT_MODEL_EXECUTE
@@ -831,12 +834,7 @@ def test_reset_forgets_everything(dev: Any) -> None:
 def test_fast_enough(dev: Any, models: dict[str, str]) -> None:
     """A resident-dataset execute loop stays cheap (the fake must not dominate SAM runtime tests)."""
     acl, _, stream = dev
-    model_id, _ = load(acl, models["linear"])
-    x, _ = acl.rt.malloc(32, 0)
-    y, _ = acl.rt.malloc(24, 0)
-    h2d(acl, x, np.ones((2, 4), np.float32))
-    ins, _ = dataset(acl, (x, 32))
-    outs, _ = dataset(acl, (y, 24))
+    model_id, _, x, y, ins, outs = linear_io(acl, models, 1.0)
     start = time.perf_counter()
     for _ in range(200):
         assert acl.mdl.execute_async(model_id, ins, outs, stream) == 0

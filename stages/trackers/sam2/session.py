@@ -79,8 +79,7 @@ class Sam2Stats:
     frames: int = 0
     cond_frames: int = 0
     evicted_cond: int = 0
-    attentions: int = 0        # memory-attention runs
-    attended_slots: int = 0    # memory slots bound over those runs (all C + N unless the runtime takes views)
+    attended_slots: int = 0    # memory slots bound over all memory-attention runs (C + N each, unless views)
 
 
 class Sam2Session(TrackerSession):
@@ -204,7 +203,8 @@ class Sam2Session(TrackerSession):
         out: dict[str, Any] = {
             "frames": self.stats.frames, "cond_frames": self.stats.cond_frames,
             "evicted_cond_frames": self.stats.evicted_cond,
-            "memory_slots_per_attention": round(self.stats.attended_slots / max(1, self.stats.attentions), 3),
+            "memory_slots_per_attention": round(
+                self.stats.attended_slots / max(1, st.runs.get("memory_attention", 0)), 3),
             "h2d_bytes_per_frame": st.h2d_bytes / n, "d2h_bytes_per_frame": st.d2h_bytes / n,
             "d2d_bytes_per_frame": st.d2d_bytes / n}
         out.update({f"{k}_ms_per_frame": round(v * 1e3 / n, 3) for k, v in st.run_s.items()})
@@ -334,17 +334,9 @@ class Sam2Session(TrackerSession):
         P = self.P
         mask_path = inp is not None and inp.mask is not None
         if inp is None:  # tracking frame: memory attention over the bank, no prompt
-            lo, hi, plo, phi = self._upload_memory_meta(obj, now)
-            n, q = hi - lo, phi - plo
-            TM = self.T * self.M
-            rt.run("memory_attention",
-                   {"feat": b["feat"], "bank": rt.view(obj.bank, lo * TM, (n, self.T, self.M)),
-                    "slot_tpos": rt.view(b["slot_tpos"], 0, (n,)), "slot_valid": rt.view(b["slot_valid"], 0, (n,)),
-                    "ptrs": rt.view(obj.ptrs, plo * self.D, (q, self.D)),
-                    "ptr_tdiff": rt.view(b["ptr_tdiff"], 0, (q,)), "ptr_valid": rt.view(b["ptr_valid"], 0, (q,))},
-                   {"pix_feat": b["pix_feat"]})
-            self.stats.attentions += 1
-            self.stats.attended_slots += n
+            memory = self._memory_inputs(obj, now)
+            rt.run("memory_attention", {"feat": b["feat"], **memory}, {"pix_feat": b["pix_feat"]})
+            self.stats.attended_slots += memory["bank"].shape[0]
             pix = b["pix_feat"]
             pts, labels, n_points = np.zeros((1, 2), np.float32), np.full((1,), -1, np.int32), 0
         else:
@@ -422,10 +414,10 @@ class Sam2Session(TrackerSession):
                     obj.obj_id, self.C, obj.cond_steps[oldest])
         return oldest
 
-    def _upload_memory_meta(self, obj: _Object, now: int) -> tuple[int, int, int, int]:
-        """Upload slot ages/validity and pointer offsets/validity; returns the slot range ``[lo, hi)`` and pointer
-        range ``[plo, phi)`` to bind: everything, or (runtime with dynamic shapes) the smallest ranges holding every
-        valid entry, whose metadata then starts at offset 0 of the metadata buffers."""
+    def _memory_inputs(self, obj: _Object, now: int) -> dict[str, DeviceBuffer]:
+        """Memory attention's bank, pointer and metadata inputs, the metadata uploaded.  The slot range ``[lo, hi)``
+        and pointer range ``[plo, phi)`` bound are everything, or (runtime with dynamic shapes) the smallest ranges
+        holding every valid entry; their metadata starts at offset 0 of the metadata buffers."""
         C, N, R = self.C, self.N, self.R
         tpos = np.zeros(self.L, np.int64)
         valid = np.zeros(self.L, np.float32)
@@ -452,11 +444,14 @@ class Sam2Session(TrackerSession):
             lo, hi = int(idx[0]), int(idx[-1]) + 1
             plo, phi = int(pidx[0]), int(pidx[-1]) + 1  # a valid slot's conditioning pointer is valid too
         rt, b = self.rt, self.b
-        rt.upload(rt.view(b["slot_tpos"], 0, (hi - lo,)), tpos[lo:hi])
-        rt.upload(rt.view(b["slot_valid"], 0, (hi - lo,)), valid[lo:hi])
-        rt.upload(rt.view(b["ptr_tdiff"], 0, (phi - plo,)), tdiff[plo:phi])
-        rt.upload(rt.view(b["ptr_valid"], 0, (phi - plo,)), pvalid[plo:phi])
-        return lo, hi, plo, phi
+        n, q = hi - lo, phi - plo
+        inputs = {"bank": rt.view(obj.bank, lo * self.T * self.M, (n, self.T, self.M)),
+                  "ptrs": rt.view(obj.ptrs, plo * self.D, (q, self.D))}
+        for name, host in (("slot_tpos", tpos[lo:hi]), ("slot_valid", valid[lo:hi]), ("ptr_tdiff", tdiff[plo:phi]),
+                           ("ptr_valid", pvalid[plo:phi])):
+            inputs[name] = rt.view(b[name], 0, host.shape)
+            rt.upload(inputs[name], host)
+        return inputs
 
 
 __all__ = ["MAX_POINTS", "Sam2Session", "resize_aa"]

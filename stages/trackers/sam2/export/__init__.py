@@ -397,8 +397,8 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
                     torch.arange(1, pointers + 1, dtype=torch.float32), pv)
 
         # full, masked, and shorter views of the slot and pointer axes (what the session binds while the bank fills)
-        do("memory_attention", ma, [ma_args(L, Q), ma_args(1, 1), ma_args(C + 2, 5), ma_args(N + 1, Q - C + 1, N + 1,
-                                                                                            Q - C + 1),
+        short = N + 1, Q - C + 1  # one conditioning frame, full recent rings
+        do("memory_attention", ma, [ma_args(L, Q), ma_args(1, 1), ma_args(C + 2, 5), ma_args(*short, *short),
                                     ma_args(1, 1, 1, 1), ma_args(2, 3, 3, 4)],
            ["feat", "bank", "slot_tpos", "slot_valid", "ptrs", "ptr_tdiff", "ptr_valid"], ["pix_feat"],
            shrink={"bank": (0, "slots"), "slot_tpos": (0, "slots"), "slot_valid": (0, "slots"),

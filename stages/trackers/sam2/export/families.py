@@ -7,6 +7,7 @@ torch to load anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import lcm
 from typing import Any
 
 from vostream.pipeline.errors import ConfigError
@@ -57,12 +58,6 @@ def family_for(model_type: str | None, where: str) -> Family:
             "Sam3TrackerVideoModel (sam3_tracker_video / sam3_video)") from None
 
 
-def _lcm(*xs: int) -> int:
-    from math import lcm
-
-    return lcm(*xs)
-
-
 def image_size_step(config: Any, family: Family) -> int:
     """Input sizes the checkpoint's networks accept are multiples of this (from the config, not hard-coded):
 
@@ -78,12 +73,12 @@ def image_size_step(config: Any, family: Family) -> int:
     backbone = config.vision_config.backbone_config
     if hasattr(backbone, "window_size_per_stage"):  # Hiera
         strides = int(backbone.patch_stride[0]) * int(backbone.query_stride[0]) ** (len(backbone.blocks_per_stage) - 1)
-        step = _lcm(step, strides, int(backbone.patch_stride[0]) * int(backbone.window_size_per_stage[0]))
+        step = lcm(step, strides, int(backbone.patch_stride[0]) * int(backbone.window_size_per_stage[0]))
     elif "timm" in str(getattr(backbone, "model_type", "")):
-        step = _lcm(step, 32)
+        step = lcm(step, 32)
     if family.perceiver:
         side = int(round(int(config.perceiver_resampler_num_latents_2d) ** 0.5))
-        step = _lcm(step, patch * side)
+        step = lcm(step, patch * side)
     return step
 
 
@@ -99,10 +94,8 @@ def resize_config(config: Any, family: Family, size: int) -> None:
                           f"of at least {2 * step} (e.g. {ok}); it was trained at {trained}")
     patch = int(config.prompt_encoder_config.patch_size)
     g = size // patch
-    if family.name == "sam3_tracker":
-        config.image_size = size  # its setter sets the prompt encoder's, the ViT's and the feature grids
-    else:
-        config.image_size = size
+    config.image_size = size  # the SAM 3 tracker's setter also sets the prompt encoder's, the ViT's and the grids
+    if family.name != "sam3_tracker":
         config.prompt_encoder_config.image_size = size
         backbone = config.vision_config.backbone_config
         if hasattr(backbone, "image_size"):
@@ -117,4 +110,5 @@ def resize_config(config: Any, family: Family, size: int) -> None:
                           "them elsewhere")
 
 
-__all__ = ["FAMILIES", "IMAGENET_MEAN", "IMAGENET_STD", "MODEL_TYPES", "Family", "family_for", "image_size_step", "resize_config"]
+__all__ = ["FAMILIES", "IMAGENET_MEAN", "IMAGENET_STD", "MODEL_TYPES", "Family", "family_for", "image_size_step",
+           "resize_config"]
