@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vostream.pipeline.annotate import AnnotateOptions, run_annotate
+from vostream.pipeline.apps.annotate.batch import AnnotateOptions, run_annotate
 from vostream.samples.scenes import render_scene, write_scene
 
 logger = logging.getLogger("bench_annotate")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "cores": cores, "runs": rows}
         result["scaling_2_vs_1"] = round(rows[0]["wall_s"] / rows[1]["wall_s"], 2)
         if not args.no_ray:
-            from vostream.pipeline.annotate_ray import start_local_ray
+            from vostream.pipeline.apps.annotate.ray_executor import start_local_ray
 
             t0 = time.perf_counter()
             ray = start_local_ray(2)

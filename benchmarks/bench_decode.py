@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 import av
-from vostream.stages.decode import VideoFileSource
+from vostream.stages.sources.decode import VideoFileSource
 
 logger = logging.getLogger("bench_decode")
 
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import cv2
 
-    from vostream.pipeline.run import opencv_threads
+    from vostream.pipeline.apps.track import opencv_threads
 
     cv2.setNumThreads(opencv_threads(args.opencv_threads))
     work = args.dir or Path(tempfile.mkdtemp(prefix="vostream-bench-"))

@@ -137,7 +137,7 @@ def _scene_video(args: argparse.Namespace) -> str:
 
 
 def track_source(args: argparse.Namespace, n: int) -> Source[Any]:
-    from vostream.stages.decode import VideoFileSource
+    from vostream.stages.sources.decode import VideoFileSource
 
     return VideoFileSource(_scene_video(args), max_frames=n)
 
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args(argv)
     if args.workload == "track" and "--cv-threads" not in (argv or sys.argv[1:]):
-        from vostream.pipeline.run import opencv_threads
+        from vostream.pipeline.apps.track import opencv_threads
 
         args.cv_threads = opencv_threads(None)  # what `vostream track` uses on this machine
     logging.basicConfig(level=logging.WARNING)

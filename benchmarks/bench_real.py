@@ -86,7 +86,7 @@ def inner_point(mask: np.ndarray) -> tuple[int, int]:
 
 
 def read_frames(path: Path) -> list[np.ndarray]:
-    from vostream.stages.decode import VideoFileSource
+    from vostream.stages.sources.decode import VideoFileSource
 
     with VideoFileSource(path) as src:
         return [f.image for f in src]
@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("apt-get") is None:
         print("bench_real needs apt-get (Debian) to fetch the opencv-doc package", file=sys.stderr)
         return 2
-    from vostream.pipeline.config import TrackSettings
-    from vostream.pipeline.run import run_track
+    from vostream.pipeline.apps.config import TrackSettings
+    from vostream.pipeline.apps.track import run_track
     from vostream.pipeline.types import Prompt
 
     clips = fetch(args.cache)

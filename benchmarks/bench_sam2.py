@@ -41,8 +41,8 @@ import sam2_reference as ref  # noqa: E402
 
 from vostream.pipeline.types import Frame, Prompt  # noqa: E402
 from vostream.stages.trackers.sam2 import OnnxTracker  # noqa: E402
-from vostream.stages.trackers.sam2.export import export_model  # noqa: E402
-from vostream.stages.trackers.sam2.export.families import FAMILIES, resize_config  # noqa: E402
+from vostream.pipeline.apps.export import export_model  # noqa: E402
+from vostream.pipeline.apps.export.families import FAMILIES, resize_config  # noqa: E402
 
 
 #: frames before timing starts: the prompted frame, then 7 tracking frames, after which all 6 recent memory slots

@@ -29,7 +29,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from playwright.sync_api import sync_playwright
 
-    from vostream.pipeline.serve import ServerConfig, ServerThread
+    from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
     from vostream.samples.scenes import render_scene, write_scene
 
     root = Path(tempfile.mkdtemp(prefix="vostream-bench-viewer-"))

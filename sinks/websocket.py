@@ -28,7 +28,7 @@ import numpy as np
 
 from vostream.pipeline.errors import ConfigError
 from vostream.pipeline.metrics import Ring
-from vostream.pipeline.serve_protocol import PackedFrame
+from vostream.pipeline.apps.serve.protocol import PackedFrame
 from vostream.pipeline.stage import LATEST, Sink, SinkSpec
 from vostream.pipeline.types import Frame
 

@@ -22,7 +22,7 @@ def sam2_tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple
             pytest.importorskip("transformers")
             import sam2_reference as ref
 
-            from vostream.stages.trackers.sam2.export import export_model
+            from vostream.pipeline.apps.export import export_model
 
             root = tmp_path_factory.mktemp(f"sam2_{family}")
             ckpt = ref.save_tiny(family, root / "ckpt")

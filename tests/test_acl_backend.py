@@ -31,7 +31,7 @@ from vostream.pipeline.errors import BackendError, ConfigError, StageError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 from vostream.stages.trackers.sam2 import OnnxTracker
 from vostream.stages.trackers.sam2 import acl_fake as fake
-from vostream.stages.trackers.sam2.acl_runtime import (
+from vostream.stages.trackers.sam2.backends.acl import (
     RESERVE_BYTES,
     AclRuntime,
     AclTracker,
@@ -348,8 +348,8 @@ def test_pipeline_stops_on_device_error_and_closes_outputs(acl: types.ModuleType
                                                            tmp_path: Path) -> None:
     import av
     from media import make_video, square_frames, square_mask
-    from vostream.pipeline.config import TrackSettings
-    from vostream.pipeline.run import build_track_pipeline
+    from vostream.pipeline.apps.config import TrackSettings
+    from vostream.pipeline.apps.track import build_track_pipeline
 
     w, h, n = 96, 64, 12
     video = make_video(tmp_path / "clip.mp4", square_frames(n, w, h, step=2), fps=25)
@@ -387,7 +387,7 @@ def test_cli_names_the_stage_of_a_device_error(acl: types.ModuleType, om_dir: Pa
                                                capfd: pytest.CaptureFixture) -> None:
     """What a user sees when the device fails mid-run: one line with the ACL call, the code and the stage."""
     from media import make_video, square_frames, square_mask
-    from vostream.pipeline.cli import main
+    from vostream.pipeline.apps.cli import main
 
     w, h, n = 96, 64, 12
     video = make_video(tmp_path / "clip.mp4", square_frames(n, w, h, step=2), fps=25)

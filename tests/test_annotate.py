@@ -22,7 +22,7 @@ from pycocotools import mask as mask_utils
 from media import make_video, square_frames, square_mask
 from vostream.samples.scenes import render_scene, score_sequence, write_scene
 
-CLI = [sys.executable, "-m", "vostream.pipeline.cli"]
+CLI = [sys.executable, "-m", "vostream.pipeline.apps.cli"]
 ALL = "json,png,mot,video"
 #: (scene, width, height, frames, key): sizes where the classic tracker keeps IoU >= 0.85 on that scene
 SCENES = [
@@ -139,7 +139,7 @@ def test_workers_2_give_the_same_files(batch, reference):
 
 
 def test_rerun_skips_done_redoes_partial_and_force_redoes_all(batch, reference):
-    from vostream.pipeline.annotate import AnnotateOptions, run_annotate
+    from vostream.pipeline.apps.annotate.batch import AnnotateOptions, run_annotate
 
     out = batch / "resume"
     shutil.copytree(reference[0], out)
@@ -300,7 +300,7 @@ def test_corrupt_video_and_unprompted_video_are_reported_others_finish(tmp_path)
 # -- prompts-file errors: in-process CLI, before any work -----------------------------------------------------------
 
 def _cli_error(capsys, tmp_path, vids, prompts_name, text, *extra):
-    from vostream.pipeline.cli import main
+    from vostream.pipeline.apps.cli import main
 
     pf = tmp_path / prompts_name
     pf.write_text(text)
@@ -357,7 +357,7 @@ def test_prompts_file_errors_name_the_entry(capsys, tmp_path, small_vids, name, 
 # -- units: inputs, names, manifests ------------------------------------------------------------------------------
 
 def test_inputs_dirs_lists_dedupe_and_deterministic_names(tmp_path, small_vids):
-    from vostream.pipeline.annotate_inputs import discover_videos
+    from vostream.pipeline.apps.annotate.inputs import discover_videos
 
     lst = tmp_path / "videos.txt"
     lst.write_text(f"# a comment\n\n{small_vids / 'solo.mp4'}\n")
@@ -379,7 +379,7 @@ def test_inputs_dirs_lists_dedupe_and_deterministic_names(tmp_path, small_vids):
 
 
 def test_manifest_detects_tampering_and_clean_removes_only_outputs(tmp_path):
-    from vostream.pipeline.annotate_manifest import clean_outputs, verify_manifest, write_manifest
+    from vostream.pipeline.apps.annotate.manifest import clean_outputs, verify_manifest, write_manifest
 
     d = tmp_path / "v"
     (d / "masks").mkdir(parents=True)
@@ -400,7 +400,7 @@ def test_manifest_detects_tampering_and_clean_removes_only_outputs(tmp_path):
 
 
 def test_ray_missing_or_bad_options_are_config_errors(tmp_path, small_vids, capsys):
-    from vostream.pipeline.cli import main
+    from vostream.pipeline.apps.cli import main
 
     pf = tmp_path / "p.csv"
     pf.write_text("video,frame,obj_id,x,y,label\nsolo.mp4,0,1,10,10,1\n")
@@ -415,7 +415,7 @@ def test_ray_missing_or_bad_options_are_config_errors(tmp_path, small_vids, caps
 @pytest.fixture(scope="module")
 def ray_address():
     pytest.importorskip("ray", reason="Ray is the [ray] extra: pip install -e '.[ray]'")
-    from vostream.pipeline.annotate_ray import start_local_ray
+    from vostream.pipeline.apps.annotate.ray_executor import start_local_ray
 
     ray = start_local_ray(2)
     try:

@@ -24,10 +24,10 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper
-from vostream.pipeline import doctor
+from vostream.pipeline.apps import doctor
 from vostream.pipeline.errors import BackendError, ConfigError
 from vostream.stages.trackers.sam2 import acl_fake
-from vostream.stages.trackers.sam2.export import atc
+from vostream.pipeline.apps.export import atc
 from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec, load_manifest
 
 ALGORITHM = {"multimask_output_in_sam": True, "multimask_output_for_tracking": True, "multimask_min_pt_num": 0,
@@ -448,7 +448,7 @@ def test_doctor_probes_a_real_acl_in_a_child_process(clean_acl: None, tmp_path: 
 
 def test_doctor_module_json_with_fake_acl(tmp_path: Path) -> None:
     env = {**os.environ, "VOSTREAM_FAKE_ACL": "1"}
-    out = subprocess.run([sys.executable, "-m", "vostream.pipeline.doctor", "--json"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "vostream.pipeline.apps.doctor", "--json"], capture_output=True,
                          text=True, env=env, timeout=120, cwd=tmp_path, check=False)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
@@ -532,9 +532,9 @@ def test_doctor_model_acl_runtime_vs_onnx_on_fake(export: tuple[Manifest, Path],
     m, d = export
     atc.convert_export(m, d, progress=lambda s: None)
     try:
-        import vostream.stages.trackers.sam2.acl_runtime  # noqa: F401
+        import vostream.stages.trackers.sam2.backends.acl  # noqa: F401
     except ImportError as exc:
-        pytest.skip(f"stages/trackers/sam2/acl_runtime.py not importable yet ({exc}); the doctor reports "
+        pytest.skip(f"stages/trackers/sam2/backends/acl.py not importable yet ({exc}); the doctor reports "
                     "'acl runtime unavailable'")
     monkeypatch.setenv("VOSTREAM_FAKE_ACL", "1")
     c = _by_name(doctor.run_checks(d))

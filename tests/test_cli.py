@@ -18,7 +18,7 @@ from pycocotools import mask as mask_utils
 
 from media import copy_to, make_frame_dir, make_video, moving_square_clip, square_frames, square_mask
 
-CLI = [sys.executable, "-m", "vostream.pipeline.cli"]
+CLI = [sys.executable, "-m", "vostream.pipeline.apps.cli"]
 W, H, N = 160, 96, 30
 
 

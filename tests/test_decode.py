@@ -25,7 +25,7 @@ from media import (
     square_mask,
 )
 from vostream.pipeline.errors import ConfigError, SourceError
-from vostream.stages.decode import FrameDirSource, VideoFileSource, is_live_uri, natural_key, open_source, probe
+from vostream.stages.sources.decode import FrameDirSource, VideoFileSource, is_live_uri, natural_key, open_source, probe
 
 W, H, N = 96, 64, 24
 
@@ -260,7 +260,7 @@ def test_frame_directory_skips_unreadable_image(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("uri", ["rtsp://cam.local/stream", "http://example.com/a.m3u8", "/dev/video0", "0"])
 def test_live_uris_open_live_sources(uri: str) -> None:
-    from vostream.stages.live import LiveSource
+    from vostream.stages.sources.live import LiveSource
 
     assert is_live_uri(uri)
     source = open_source(uri)  # constructed only: nothing connects before open()

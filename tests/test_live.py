@@ -25,8 +25,8 @@ from vostream.pipeline.errors import ConfigError, SourceError
 from vostream.pipeline.testing import ListSinkSpec, SlowStage
 from vostream.pipeline.types import Prompt
 from vostream.samples.scenes import iou, render_scene
-from vostream.stages import live
-from vostream.stages.live import (ENDED, RECONNECTING, RUNNING, STALLED, LiveSource, ReconnectPolicy,
+from vostream.stages.sources import live
+from vostream.stages.sources.live import (ENDED, RECONNECTING, RUNNING, STALLED, LiveSource, ReconnectPolicy,
                                   SourceSupervisor, open_options, v4l2_options)
 
 W, H, FPS, N = 320, 240, 30, 300

@@ -25,11 +25,11 @@ from rtsp_server import RtspServer, serving, server_available
 
 from media import media_dir
 from test_live import write_clip
-from vostream.pipeline.config import TrackSettings
+from vostream.pipeline.apps.config import TrackSettings
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.types import Prompt
 from vostream.samples.scenes import iou, render_scene
-from vostream.stages.live import PromptTimer, TimedPrompt, load_live_prompts
+from vostream.stages.sources.live import PromptTimer, TimedPrompt, load_live_prompts
 from vostream.stages.track import RemoveObject
 
 W, H, FPS, N = 320, 240, 30, 300
@@ -190,8 +190,8 @@ def test_after_s_object_appears_from_about_the_right_frame(rtsp_server: RtspServ
 
     The frame that is "due" is the one the source decoded first at or after first frame + ``after_s`` by the wall
     clock: the source's frames are recorded (index, capture time) to know which one that was."""
-    from vostream.pipeline.run import run_track
-    from vostream.stages.live import LiveSource
+    from vostream.pipeline.apps.track import run_track
+    from vostream.stages.sources.live import LiveSource
 
     decoded: dict[int, list[tuple[int, float]]] = {}
     make_frame = LiveSource._make_frame
@@ -257,7 +257,7 @@ def test_cli_bad_live_prompts_file_one_line_error(rtsp_server: RtspServer, tmp_p
     bad = write_prompts(tmp_path / "bad.json", [{"obj": 2, "after_s": -1, "points": [[10, 10]]}])
     outside = write_prompts(tmp_path / "outside.json", [{"obj": 2, "after_s": 1, "points": [[5000, 10]]}])
     for path, match in ((bad, "seconds >= 0"), (outside, "outside the 320x240 frame")):
-        r = subprocess.run([sys.executable, "-m", "vostream.pipeline.cli", "track", rtsp_server.url,
+        r = subprocess.run([sys.executable, "-m", "vostream.pipeline.apps.cli", "track", rtsp_server.url,
                             "--prompts", str(path), "--out", str(tmp_path / "o"), "--max-frames", "5"],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == PromptError.exit_code, r.stderr

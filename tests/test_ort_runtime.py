@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 from vostream.pipeline.errors import BackendError
 from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec, load_manifest
-from vostream.stages.trackers.sam2.ort_runtime import CPU_EP, CUDA_EP, TRT_EP, OrtRuntime
+from vostream.stages.trackers.sam2.backends.ort import CPU_EP, CUDA_EP, TRT_EP, OrtRuntime
 from vostream.stages.trackers.sam2.runtime import DeviceBuffer
 
 L, T, M = 3, 4, 3          # bank slots, tokens per slot, memory dim

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vostream.pipeline.cli import build_parser, prompts_from_tokens
-from vostream.pipeline.config import load_config, merge_settings
+from vostream.pipeline.apps.cli import build_parser, prompts_from_tokens
+from vostream.pipeline.apps.config import load_config, merge_settings
 from vostream.pipeline.errors import ConfigError, PromptError
-from vostream.pipeline.prompts import check_prompt_sequence, load_prompts_file
+from vostream.pipeline.apps.prompts import check_prompt_sequence, load_prompts_file
 from vostream.pipeline.types import Prompt
 from vostream.stages.track import RemoveObject
 

@@ -22,7 +22,7 @@ from vostream.pipeline import Pipeline
 from vostream.pipeline.errors import ConfigError
 from vostream.pipeline.types import Frame
 from vostream.sinks.rtsp import RtspSinkSpec, draw_banner
-from vostream.stages.live import LiveSource
+from vostream.stages.sources.live import LiveSource
 
 needs_server = pytest.mark.skipif(server_available() is not None, reason=str(server_available()))
 
@@ -202,7 +202,7 @@ def test_output_reconnects_when_the_server_goes_away(tmp_path: Path) -> None:
 def test_cli_track_rtsp_in_rtsp_out(listener: Listener, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from test_live import scene
 
-    from vostream.pipeline.cli import main
+    from vostream.pipeline.apps.cli import main
 
     x, y = scene().click(1)
     with RtspServer(scene_clip()) as server:

@@ -119,7 +119,7 @@ def test_export_at_another_image_size_matches_the_reference_at_that_size(family:
                                                                           tmp_path: Any) -> None:
     """``export --image-size``: the same weights run at another input size.  The reference model at that size is
     built from the test harness's own config (field by field), not from the exporter's resizing."""
-    from vostream.stages.trackers.sam2.export import export_model
+    from vostream.pipeline.apps.export import export_model
 
     ckpt, _ = sam2_tiny(family)
     size = RESIZED[family]
@@ -142,7 +142,7 @@ def test_export_at_another_image_size_matches_the_reference_at_that_size(family:
 
 def test_image_sizes_the_networks_cannot_take_are_refused(sam2_tiny: Any, tmp_path: Any) -> None:
     from vostream.pipeline.errors import ConfigError
-    from vostream.stages.trackers.sam2.export import export_model
+    from vostream.pipeline.apps.export import export_model
 
     ckpt, _ = sam2_tiny("sam2")
     for bad in (100, 32, 0):

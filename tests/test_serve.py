@@ -16,13 +16,13 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from vostream.pipeline.errors import ConfigError
-from vostream.pipeline.serve import ServerConfig, ServerThread
-from vostream.pipeline.serve_media import resolve_source
-from vostream.pipeline.serve_protocol import ProtocolError, parse_client_message
-from vostream.pipeline.serve_session import SessionOptions
+from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
+from vostream.pipeline.apps.serve.media import resolve_source
+from vostream.pipeline.apps.serve.protocol import ProtocolError, parse_client_message
+from vostream.pipeline.apps.serve.session import SessionOptions
 from vostream.samples.scenes import render_scene, write_scene
 from vostream.sinks.websocket import ClientSlot
-from vostream.pipeline.serve_protocol import PackedFrame
+from vostream.pipeline.apps.serve.protocol import PackedFrame
 
 W, H = 160, 120
 
@@ -377,11 +377,11 @@ def test_metrics_expose_pipeline(server: ServerThread) -> None:
 
 
 def test_cli_serve_parser() -> None:
-    from vostream.pipeline.cli import build_parser
+    from vostream.pipeline.apps.cli import build_parser
 
     args = build_parser().parse_args(["serve", "clip.mp4", "--port", "0", "--host", "127.0.0.1"])
     assert args.command == "serve" and args.source == "clip.mp4" and args.port == 0
-    from vostream.pipeline.cli import main
+    from vostream.pipeline.apps.cli import main
 
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2  # no --token: refused, one line
 

@@ -17,11 +17,11 @@ from websockets.sync.client import connect
 
 from test_live import scene, scene_clip
 from test_serve import ack, hello, pack, recv
-from vostream.pipeline.cli import build_parser
+from vostream.pipeline.apps.cli import build_parser
 from vostream.pipeline.errors import ConfigError
-from vostream.pipeline.serve import ServerConfig, ServerThread, serve_config
-from vostream.pipeline.serve_media import resolve_source
-from vostream.pipeline.serve_protocol import ProtocolError
+from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread, serve_config
+from vostream.pipeline.apps.serve.media import resolve_source
+from vostream.pipeline.apps.serve.protocol import ProtocolError
 from vostream.samples.scenes import iou
 from vostream.sinks.websocket import decode_rle_counts
 

@@ -10,9 +10,9 @@ import pytest
 from PIL import Image
 
 from media import make_video, square_frames, square_mask
-from vostream.pipeline.config import TrackSettings
+from vostream.pipeline.apps.config import TrackSettings
 from vostream.pipeline.errors import StageError
-from vostream.pipeline.run import build_track_pipeline
+from vostream.pipeline.apps.track import build_track_pipeline
 from vostream.pipeline.types import Prompt
 from vostream.stages.track import RemoveObject
 
@@ -80,7 +80,7 @@ def test_error_mid_stream_names_stage_and_keeps_outputs(video, tmp_path, monkeyp
 
 
 def test_failed_run_still_writes_a_summary_with_the_error(video, tmp_path, monkeypatch):
-    from vostream.pipeline.run import run_track
+    from vostream.pipeline.apps.track import run_track
     from vostream.stages.postprocess import PostprocessStage
 
     _raise_after(PostprocessStage, "process", 7, monkeypatch)

@@ -15,7 +15,7 @@ BACKENDS: dict[str, str] = {
     "classic": "vostream.stages.trackers.classic:ClassicTracker",
     # SAM 2.1 / EdgeTAM / SAM 3 tracker exports (``vostream export``) on ONNX Runtime: CPU, CUDA, TensorRT
     "onnx": "vostream.stages.trackers.sam2:OnnxTracker",
-    "acl": "vostream.stages.trackers.sam2.acl_runtime:AclTracker",  # Ascend NPUs via pyACL (docs/ascend.md)
+    "acl": "vostream.stages.trackers.sam2.backends.acl:AclTracker",  # Ascend NPUs via pyACL (docs/ascend.md)
 }
 
 

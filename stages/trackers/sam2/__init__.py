@@ -111,7 +111,7 @@ def OnnxTracker(model: str | Path | None = None, provider: str = "cpu", threads:
                           "threads, device_id")
     if model is None:
         raise ConfigError("--backend onnx needs --model DIR (a directory written by 'vostream export')")
-    from .ort_runtime import OrtRuntime
+    from .backends.ort import OrtRuntime
 
     load_manifest(model)  # a clear error for a bad directory before any runtime starts
     return Sam2Tracker(model, OrtRuntime(providers=[provider], device_id=device_id, threads=threads))

@@ -41,7 +41,7 @@ from vostream.pipeline.errors import ConfigError, SourceError
 from vostream.pipeline.stage import Source
 from vostream.pipeline.types import Frame
 
-from .decode import to_rgb
+from vostream.stages.sources.decode import to_rgb
 
 logger = logging.getLogger(__name__)
 
@@ -669,7 +669,7 @@ def load_live_prompts(path: str | os.PathLike[str]) -> tuple[list[Any], list[Tim
     import json
 
     from vostream.pipeline.errors import PromptError
-    from vostream.pipeline.prompts import prompts_from_dicts
+    from vostream.pipeline.apps.prompts import prompts_from_dicts
 
     p = os.fspath(path)
     try:
@@ -792,12 +792,12 @@ class PromptTimer:
 
 def open_live_for_track(settings: Any) -> tuple[LiveSource, Any, list[TimedPrompt]]:
     """For ``vostream track`` on a live URI: the connected :class:`LiveSource` (from a
-    :class:`~vostream.pipeline.config.TrackSettings`), its :class:`~vostream.stages.decode.VideoInfo` and the
+    :class:`~vostream.pipeline.apps.config.TrackSettings`), its :class:`~vostream.stages.sources.decode.VideoInfo` and the
     prompts file's wall-clock prompts (its frame-index prompts are put in ``settings.prompts``).
 
     Connects once to probe (a wrong URL fails here with :class:`SourceError`); the returned source is not yet
     connected (the pipeline opens it)."""
-    from .decode import VideoInfo
+    from vostream.stages.sources.decode import VideoInfo
 
     timed: list[TimedPrompt] = []
     if settings.prompts_file:

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import TrackSettings, tracker_options
-from .engine import Pipeline, RunReport, handle_signals
-from .errors import ConfigError, OutputError, VostreamError
+from vostream.pipeline.apps.config import TrackSettings, tracker_options
+from vostream.pipeline.engine import Pipeline, RunReport, handle_signals
+from vostream.pipeline.errors import ConfigError, OutputError, VostreamError
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def _prepare_out_dir(out: str) -> Path:
 
 
 def collect_prompts(settings: TrackSettings) -> list[Any]:
-    from .prompts import load_prompts_file
+    from vostream.pipeline.apps.prompts import load_prompts_file
 
     prompts = list(settings.prompts)
     if settings.prompts_file:
@@ -64,23 +64,23 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
     ``settings.backend`` tracker is loaded here and returned as ``facts["_tracker"]`` for the caller to close after
     the run (:func:`run_track` does; a neural backend holds graphs and device memory)."""
     from vostream.sinks import build_file_sinks
-    from vostream.stages.decode import open_source, probe
+    from vostream.stages.sources.decode import open_source, probe
     from vostream.stages.postprocess import PostprocessStage
     from vostream.stages.preprocess import PreprocessStage
     from vostream.stages.track import TrackStage
     from vostream.stages.trackers import load_tracker
 
-    from .prompts import check_prompt_sequence
+    from vostream.pipeline.apps.prompts import check_prompt_sequence
 
     import cv2
 
-    from vostream.stages.decode import is_live_uri
+    from vostream.stages.sources.decode import is_live_uri
 
     assert settings.source is not None and (settings.out is not None or settings.rtsp_out is not None)
     cv2.setNumThreads(opencv_threads(settings.opencv_threads))
     live_source = None
     if is_live_uri(settings.source):  # connect now: a wrong URL fails before anything else starts
-        from vostream.stages.live import open_live_for_track
+        from vostream.stages.sources.live import open_live_for_track
 
         live_source, info, timed = open_live_for_track(settings)
     else:
@@ -88,7 +88,7 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
     prompts = list(settings.prompts) if live_source is not None and timed else collect_prompts(settings)
     check_prompt_sequence(prompts, info.width, info.height, settings.source)
     if live_source is not None:  # wall-clock prompts: their frame is not known yet, but they must fit the frame
-        from .types import Prompt
+        from vostream.pipeline.types import Prompt
 
         for item in timed:
             if isinstance(item.message, Prompt):
@@ -225,7 +225,7 @@ def run_track(settings: TrackSettings) -> RunReport:
     tracker = facts.pop("_tracker", None)
     timer = None
     if facts.get("timed_prompts"):  # a live feed's prompts with wall-clock triggers
-        from vostream.stages.live import PromptTimer
+        from vostream.stages.sources.live import PromptTimer
 
         timer = PromptTimer(pipe.send_control, pipe.source, facts["timed_prompts"])  # type: ignore[arg-type]
     facts.pop("timed_prompts", None)
@@ -310,7 +310,7 @@ def score_against_gt(masks_dir: Path, gt_dir: Path) -> float | None:
 def run_demo(out: str = "out/demo", scene: str = "crossing", samples_dir: str | None = None,
              quiet: bool = False) -> RunReport:
     """``vostream demo``: make the sample (once), track it from one click per object, write every output."""
-    from .config import SAVE_FORMATS
+    from vostream.pipeline.apps.config import SAVE_FORMATS
 
     media = Path(samples_dir) if samples_dir else default_samples_dir()
     try:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .errors import ConfigError
+from vostream.pipeline.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .engine import Pipeline
-from .errors import ConfigError, VostreamError
-from .serve_protocol import ProtocolError, PromptMsg, check_prompt_range
-from .stage import Source
-from .types import Frame, Prompt, TrackResult
+from vostream.pipeline.engine import Pipeline
+from vostream.pipeline.errors import ConfigError, VostreamError
+from vostream.pipeline.apps.serve.protocol import ProtocolError, PromptMsg, check_prompt_range
+from vostream.pipeline.stage import Source
+from vostream.pipeline.types import Frame, Prompt, TrackResult
 
 logger = logging.getLogger(__name__)
 
@@ -283,7 +283,7 @@ class Session:
         :class:`VostreamError` subclasses (``SourceError`` for a bad file)."""
         from vostream.sinks import build_file_sinks
         from vostream.sinks.websocket import ViewerSinkSpec
-        from vostream.stages.decode import FrameDirSource, is_live_uri, open_source
+        from vostream.stages.sources.decode import FrameDirSource, is_live_uri, open_source
         from vostream.stages.postprocess import PostprocessStage
         from vostream.stages.preprocess import PreprocessStage
         from vostream.stages.track import TrackStage

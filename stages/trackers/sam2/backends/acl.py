@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from vostream.pipeline.errors import BackendError, ConfigError
 
-from .runtime import (
+from vostream.stages.trackers.sam2.runtime import (
     DTYPES,
     DeviceBuffer,
     Runtime,
@@ -54,8 +54,8 @@ from .runtime import (
 )
 
 if TYPE_CHECKING:
-    from . import Sam2Tracker
-    from .manifest import GraphSpec, Manifest, TensorSpec
+    from vostream.stages.trackers.sam2 import Sam2Tracker
+    from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def atc_dynamic_options(spec: GraphSpec, gears: Sequence[int] = DECODER_GEARS) -
 
 def _import_acl() -> Any:
     if os.environ.get("VOSTREAM_FAKE_ACL") == "1":
-        from . import acl_fake
+        from vostream.stages.trackers.sam2 import acl_fake
 
         return acl_fake.install()
     try:
@@ -678,7 +678,7 @@ class AclRuntime(Runtime):
         session allocates (graph I/O other than the bank, pointers and their slot views, the points buffer at
         ``MAX_POINTS``, one extra mask for the zero mask prompt).  Sizes include allocation rounding.  The .om
         models' own work and weight memory was taken at load, so it is already missing from ``free_bytes``."""
-        from .session import MAX_POINTS
+        from vostream.stages.trackers.sam2.session import MAX_POINTS
 
         with self._lock:
             self._enter("plan")
@@ -881,8 +881,8 @@ def AclTracker(model: str | Path | None = None, device_id: int = 0, max_objects:
                           ".om files converted by ATC next to the .onnx files or in om_dir)")
     if not isinstance(max_objects, int) or max_objects < 1:
         raise ConfigError(f"acl backend: max_objects must be an integer >= 1 (got {max_objects!r})")
-    from . import Sam2Tracker
-    from .manifest import load_manifest
+    from vostream.stages.trackers.sam2 import Sam2Tracker
+    from vostream.stages.trackers.sam2.manifest import load_manifest
 
     load_manifest(model)  # a clear error for a bad directory before the device is touched
     tracker = Sam2Tracker(model, AclRuntime(device_id=device_id, om_dir=om_dir), max_objects=max_objects)

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .stage import POLICIES
+from vostream.pipeline.errors import ConfigError
+from vostream.pipeline.stage import POLICIES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -165,7 +165,7 @@ def merge_settings(config: dict[str, Any] | None, cli: dict[str, Any]) -> TrackS
     ``cli['prompts']`` (a list, possibly empty) replaces the config's prompts when non-empty; so does
     ``cli['prompts_file']``.
     """
-    from .prompts import prompts_from_dicts
+    from vostream.pipeline.apps.prompts import prompts_from_dicts
 
     s = TrackSettings()
     config = dict(config or {})

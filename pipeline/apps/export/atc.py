@@ -44,7 +44,7 @@ from typing import Any
 
 from vostream.pipeline.errors import BackendError, ConfigError
 
-from ..manifest import GraphSpec, Manifest, load_manifest
+from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, load_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -452,10 +452,10 @@ def describe(record: Mapping[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m vostream.stages.trackers.sam2.export.atc DIR``: convert an existing export (no torch needed)."""
+    """``python -m vostream.pipeline.apps.export.atc DIR``: convert an existing export (no torch needed)."""
     import sys
 
-    p = argparse.ArgumentParser(prog="python -m vostream.stages.trackers.sam2.export.atc",
+    p = argparse.ArgumentParser(prog="python -m vostream.pipeline.apps.export.atc",
                                 description="Write (and run, where atc exists) the ATC commands for a vostream export")
     p.add_argument("export_dir", metavar="DIR")
     add_om_arguments(p)

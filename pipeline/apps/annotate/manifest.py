@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import OutputError
-from .types import Prompt
+from vostream.pipeline.errors import OutputError
+from vostream.pipeline.types import Prompt
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .annotate_job import JobResult, JobRunner, TrackOptions, VideoJob
+from vostream.pipeline.apps.annotate.job import JobResult, JobRunner, TrackOptions, VideoJob
 
 logger = logging.getLogger(__name__)
 

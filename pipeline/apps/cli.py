@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .config import PROVIDERS
-from .errors import ConfigError, PromptError, VostreamError, describe
+from vostream.pipeline.apps.config import PROVIDERS
+from vostream.pipeline.errors import ConfigError, PromptError, VostreamError, describe
 
 logger = logging.getLogger("vostream")
 
@@ -51,8 +51,8 @@ def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Any]:
     """Group ordered command-line prompt tokens into :class:`Prompt` objects, one per (object, frame)."""
     import numpy as np
 
-    from .prompts import load_mask_png, parse_box, parse_xy
-    from .types import Prompt
+    from vostream.pipeline.apps.prompts import load_mask_png, parse_box, parse_xy
+    from vostream.pipeline.types import Prompt
 
     groups: list[dict[str, Any]] = []
     cur: dict[str, Any] | None = None
@@ -205,20 +205,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "coarser masks: about (PX/1024)^2 of the image encoder's time. SAM 2.1 takes multiples of "
                         "32, EdgeTAM of 256, the SAM 3 tracker of 14")
     e.add_argument("--force", action="store_true", help="replace an existing export in --out")
-    from vostream.stages.trackers.sam2.export.atc import add_om_arguments
+    from vostream.pipeline.apps.export.atc import add_om_arguments
 
     add_om_arguments(e)
     _add_common(e)
 
-    from .annotate import add_annotate_parser
+    from vostream.pipeline.apps.annotate.batch import add_annotate_parser
 
     add_annotate_parser(sub, _add_common)
 
-    from .serve import add_serve_parser
+    from vostream.pipeline.apps.serve.server import add_serve_parser
 
     add_serve_parser(sub, _add_common)
 
-    from .doctor import add_doctor_parser
+    from vostream.pipeline.apps.doctor import add_doctor_parser
 
     add_doctor_parser(sub, _add_common)
     return parser
@@ -241,7 +241,7 @@ def _version() -> str:
 
 
 def _settings_from_args(args: argparse.Namespace) -> Any:
-    from .config import load_config, merge_settings
+    from vostream.pipeline.apps.config import load_config, merge_settings
 
     config = load_config(args.config) if args.config else None
     prompts = prompts_from_tokens(getattr(args, "prompt_tokens", None) or [])
@@ -261,7 +261,7 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
 
 
 def cmd_track(args: argparse.Namespace) -> int:
-    from .run import run_track
+    from vostream.pipeline.apps.track import run_track
 
     settings = _settings_from_args(args)
     report = run_track(settings)
@@ -269,7 +269,7 @@ def cmd_track(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .run import run_demo
+    from vostream.pipeline.apps.track import run_demo
 
     report = run_demo(out=args.out, scene=args.scene, samples_dir=args.samples_dir, quiet=bool(args.quiet))
     return 130 if report.interrupted else 0
@@ -284,7 +284,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     import time
 
     try:
-        from vostream.stages.trackers.sam2.export import DEFAULT_OPSET, export_model
+        from vostream.pipeline.apps.export import DEFAULT_OPSET, export_model
     except ImportError as exc:  # numpy/onnx missing: the exporter module itself cannot load
         raise ConfigError(f"vostream export cannot start ({exc}); pip install 'vostream[export]'") from None
 
@@ -310,7 +310,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"exported {args.model} ({manifest.family}, {manifest.image_size}px): {len(manifest.graphs)} graphs "
           f"({sizes}; {_dir_mb(out):.1f} MB in all) to {out} in {time.perf_counter() - t0:.1f} s; "
           f"track with: vostream track SOURCE --backend onnx --model {out}")
-    from vostream.stages.trackers.sam2.export.atc import describe, om_from_args
+    from vostream.pipeline.apps.export.atc import describe, om_from_args
 
     record = om_from_args(args, manifest, out, progress=say)
     if record is not None:
@@ -319,19 +319,19 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
-    from .annotate import cmd_annotate as run_batch
+    from vostream.pipeline.apps.annotate.batch import cmd_annotate as run_batch
 
     return run_batch(args)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .doctor import cmd_doctor as run_doctor
+    from vostream.pipeline.apps.doctor import cmd_doctor as run_doctor
 
     return run_doctor(args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .serve import cmd_serve as run_serve
+    from vostream.pipeline.apps.serve.server import cmd_serve as run_serve
 
     return run_serve(args)
 
@@ -345,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.quiet:  # the run's own status lines; library modules stay at WARNING unless --verbose
-        logging.getLogger("vostream.pipeline.run").setLevel(logging.INFO)
+        logging.getLogger("vostream.pipeline.apps.track").setLevel(logging.INFO)
     try:
         return {"track": cmd_track, "demo": cmd_demo, "export": cmd_export, "annotate": cmd_annotate,
                 "serve": cmd_serve, "doctor": cmd_doctor}[args.command](args)

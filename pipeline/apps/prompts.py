@@ -23,8 +23,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .errors import PromptError
-from .types import Prompt
+from vostream.pipeline.errors import PromptError
+from vostream.pipeline.types import Prompt
 
 _ENTRY_KEYS = {"obj", "frame", "points", "labels", "box", "mask", "remove"}
 

@@ -485,9 +485,9 @@ def is_live_uri(uri: str | os.PathLike[str]) -> bool:
 
 
 def open_live_source(uri: str, **options: Any) -> Source[Frame]:
-    """The source for a live feed (RTSP, HTTP, cameras): a :class:`~vostream.stages.live.LiveSource`
+    """The source for a live feed (RTSP, HTTP, cameras): a :class:`~vostream.stages.sources.live.LiveSource`
     (``live = True``: reconnects by itself; ``docs/live.md``).  Raises :class:`ConfigError` for bad options."""
-    from .live import open_live
+    from vostream.stages.sources.live import open_live
 
     return open_live(uri, **options)
 

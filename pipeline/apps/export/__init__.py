@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 from vostream.pipeline.errors import BackendError, ConfigError
 
-from ..manifest import FORMAT_VERSION, MANIFEST_NAME, GraphSpec, Manifest, TensorSpec
-from .families import Family, family_for, resize_config
+from vostream.stages.trackers.sam2.manifest import FORMAT_VERSION, MANIFEST_NAME, GraphSpec, Manifest, TensorSpec
+from vostream.pipeline.apps.export.families import Family, family_for, resize_config
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
     if image_size is not None and image_size != trained_size:
         say(f"resizing from {trained_size} to {image_size} px")
         net = resize_model(net, family, image_size)
-    from .wrappers import DecoderGraph, ImageEncoderGraph, MemoryAttentionGraph, MemoryEncoderGraph, top_grid
+    from vostream.pipeline.apps.export.wrappers import DecoderGraph, ImageEncoderGraph, MemoryAttentionGraph, MemoryEncoderGraph, top_grid
 
     cfg = net.config
     S = int(cfg.image_size)

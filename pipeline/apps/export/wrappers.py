@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .families import Family
+from vostream.pipeline.apps.export.families import Family
 
 NO_OBJ_SCORE = -1024.0
 

@@ -1,6 +1,6 @@
 """``vostream annotate --ray``: the batch on a Ray cluster.  One actor per worker slot holds a loaded tracker;
 each video is one actor method call (one in flight per actor).  Same executor interface as
-:class:`~vostream.pipeline.annotate_local.LocalExecutor`; same outputs (the actors write into ``--out``, which must
+:class:`~vostream.pipeline.apps.annotate.local_executor.LocalExecutor`; same outputs (the actors write into ``--out``, which must
 be a path every node sees).
 
 Ray is optional and imported lazily (:func:`import_ray` raises :class:`ConfigError` with the install command).
@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .annotate_job import JobResult, JobRunner, TrackOptions, VideoJob
-from .annotate_local import Event
-from .errors import BackendError, ConfigError
+from vostream.pipeline.apps.annotate.job import JobResult, JobRunner, TrackOptions, VideoJob
+from vostream.pipeline.apps.annotate.local_executor import Event
+from vostream.pipeline.errors import BackendError, ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from vostream.pipeline.errors import BackendError
 
-from .runtime import (
+from vostream.stages.trackers.sam2.runtime import (
     DTYPES,
     DeviceBuffer,
     Runtime,
@@ -45,7 +45,7 @@ from .runtime import (
 )
 
 if TYPE_CHECKING:
-    from .manifest import GraphSpec, Manifest, TensorSpec
+    from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec
 
 CPU_EP = "CPUExecutionProvider"
 CUDA_EP = "CUDAExecutionProvider"

@@ -185,7 +185,7 @@ def _acl_detail(info: dict[str, Any], cann: str | None) -> str:
 
 def check_acl(device_id: int = 0) -> Check:
     """pyACL: the fake when ``VOSTREAM_FAKE_ACL=1``, else a real ``acl`` probed in a child process."""
-    from vostream.stages.trackers.sam2.export.atc import detect_cann_version
+    from vostream.pipeline.apps.export.atc import detect_cann_version
 
     cann, cann_src = detect_cann_version()
     loaded = sys.modules.get("acl")
@@ -211,7 +211,7 @@ def check_acl(device_id: int = 0) -> Check:
         return Check("acl", MISSING, f"pyACL ('import acl') not found{where}: {CANN_HINT}",
                      {"fake": False, "cann_version": cann})
     try:
-        code = f"from vostream.pipeline.doctor import _acl_probe_child; _acl_probe_child({int(device_id)})"
+        code = f"from vostream.pipeline.apps.doctor import _acl_probe_child; _acl_probe_child({int(device_id)})"
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
                               check=False)
     except subprocess.TimeoutExpired:
@@ -234,7 +234,7 @@ def check_acl(device_id: int = 0) -> Check:
 
 
 def check_atc() -> Check:
-    from vostream.stages.trackers.sam2.export.atc import detect_cann_version
+    from vostream.pipeline.apps.export.atc import detect_cann_version
 
     path = shutil.which("atc")
     cann, src = detect_cann_version()
@@ -398,7 +398,7 @@ def check_model(model_dir: str | Path, acl_check: Check | None, device_id: int =
     if acl_factory is None:
         try:
             from vostream.stages.trackers.sam2 import Sam2Tracker
-            from vostream.stages.trackers.sam2.acl_runtime import AclRuntime
+            from vostream.stages.trackers.sam2.backends.acl import AclRuntime
         except Exception as exc:  # noqa: BLE001 - the acl runtime module may be absent or broken
             checks.append(Check("model.acl", MISSING, f"acl runtime unavailable: {type(exc).__name__}: {exc}"))
             return checks
@@ -481,8 +481,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m vostream.pipeline.doctor`` (same options as ``vostream doctor``)."""
-    p = argparse.ArgumentParser(prog="python -m vostream.pipeline.doctor", description=__doc__.split("\n")[0])
+    """``python -m vostream.pipeline.apps.doctor`` (same options as ``vostream doctor``)."""
+    p = argparse.ArgumentParser(prog="python -m vostream.pipeline.apps.doctor", description=__doc__.split("\n")[0])
     _add_doctor_arguments(p)
     return cmd_doctor(p.parse_args(argv))
 

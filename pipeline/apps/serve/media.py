@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path, PurePosixPath
 
-from .serve_protocol import ProtocolError
+from vostream.pipeline.apps.serve.protocol import ProtocolError
 
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v", ".ts", ".mpg", ".mpeg", ".h264", ".hevc")
 _MAX_LISTED = 200

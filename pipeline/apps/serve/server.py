@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .errors import ConfigError, VostreamError
-from .serve_media import list_sources, resolve_source
-from .serve_protocol import (
+from vostream.pipeline.errors import ConfigError, VostreamError
+from vostream.pipeline.apps.serve.media import list_sources, resolve_source
+from vostream.pipeline.apps.serve.protocol import (
     EXPORT_FORMATS, MAX_INFLIGHT, MAX_POINTS, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Ack, Export, Hello, Open, Ping,
     PromptMsg, ProtocolError, Remove, Seek, Simple, Watch, encode, parse_client_message,
 )
-from .serve_session import Session, SessionOptions, TrackerCache
+from vostream.pipeline.apps.serve.session import Session, SessionOptions, TrackerCache
 
 logger = logging.getLogger(__name__)
 
@@ -746,7 +746,7 @@ def run_server(config: ServerConfig) -> int:
 
 
 def add_serve_parser(sub: Any, add_common: Any) -> None:
-    """The ``serve`` subcommand (called by :func:`vostream.pipeline.cli.build_parser`)."""
+    """The ``serve`` subcommand (called by :func:`vostream.pipeline.apps.cli.build_parser`)."""
     p = sub.add_parser("serve", help="browser viewer: click an object, watch it tracked live",
                        description="Serves the viewer (web/) and its WebSocket on one port; open the printed URL. "
                                    "docs/viewer.md has the details.")
@@ -771,7 +771,7 @@ def add_serve_parser(sub: Any, add_common: Any) -> None:
 
 
 def cmd_serve(args: Any) -> int:
-    logging.getLogger("vostream.pipeline.serve").setLevel(logging.INFO)
+    logging.getLogger("vostream.pipeline.apps.serve.server").setLevel(logging.INFO)
     return run_server(serve_config(args))
 
 

@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .annotate_inputs import VideoEntry
-from .annotate_job import JobResult, TrackOptions, VideoJob
-from .errors import BackendError, ConfigError, OutputError
+from vostream.pipeline.apps.annotate.inputs import VideoEntry
+from vostream.pipeline.apps.annotate.job import JobResult, TrackOptions, VideoJob
+from vostream.pipeline.errors import BackendError, ConfigError, OutputError
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ LOCK_NAME = ".annotate.lock"
 EXIT_SOME_FAILED = 1
 EXIT_INTERRUPTED = 130
 #: loggers that print the batch's status lines unless --quiet
-STATUS_LOGGERS = ("vostream.pipeline.annotate", "vostream.pipeline.annotate_progress")
+STATUS_LOGGERS = ("vostream.pipeline.apps.annotate.batch", "vostream.pipeline.apps.annotate.progress")
 
 
 @dataclass
@@ -129,7 +129,7 @@ class BatchReport:
 # -- planning ------------------------------------------------------------------------------------------------------
 
 def _check_options(o: AnnotateOptions) -> None:
-    from .config import parse_save
+    from vostream.pipeline.apps.config import parse_save
 
     o.formats = parse_save(list(o.formats) if not isinstance(o.formats, str) else o.formats, "--formats")
     if o.workers < 0 or (o.ray and o.workers < 1):
@@ -148,11 +148,11 @@ def plan_batch(o: AnnotateOptions) -> BatchPlan:
     """Find the videos, load and check the prompts (every error before any work: :class:`PromptError`), and
     split the videos into done / to do / without prompts.  Creates ``--out`` (:class:`OutputError`)."""
     from vostream.sinks.atomic import ensure_dir
-    from vostream.stages.decode import probe
+    from vostream.stages.sources.decode import probe
 
-    from .annotate_inputs import discover_videos
-    from .annotate_manifest import fingerprint, verify_manifest
-    from .annotate_prompts import check_batch_prompts, load_batch_prompts
+    from vostream.pipeline.apps.annotate.inputs import discover_videos
+    from vostream.pipeline.apps.annotate.manifest import fingerprint, verify_manifest
+    from vostream.pipeline.apps.annotate.prompts import check_batch_prompts, load_batch_prompts
 
     _check_options(o)
     videos = discover_videos(o.inputs)
@@ -239,7 +239,7 @@ class _StopState:
 
 @contextmanager
 def _signals(state: _StopState) -> Iterator[None]:
-    from .run import STOP_SIGNALS
+    from vostream.pipeline.apps.track import STOP_SIGNALS
 
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -255,10 +255,10 @@ def _signals(state: _StopState) -> Iterator[None]:
 # -- running -----------------------------------------------------------------------------------------------------
 
 def _make_executor(o: AnnotateOptions, track: TrackOptions) -> Any:
-    from .annotate_local import InlineExecutor, LocalExecutor
+    from vostream.pipeline.apps.annotate.local_executor import InlineExecutor, LocalExecutor
 
     if o.ray:
-        from .annotate_ray import RayExecutor, import_ray
+        from vostream.pipeline.apps.annotate.ray_executor import RayExecutor, import_ray
 
         import_ray()
         return RayExecutor(track, max(1, o.workers), o.ray_address, o.ray_gpus, o.ray_resources)
@@ -279,7 +279,7 @@ def run_annotate(o: AnnotateOptions) -> BatchReport:
     """Plan and run the batch; write ``summary.json`` (always, once planned) and ``dataset.json``.  Per-video
     failures are in the report, never raised; raises :class:`ConfigError`/:class:`PromptError` (before any work),
     :class:`OutputError` (``--out``), :class:`BackendError` (the tracker cannot be loaded, Ray unavailable)."""
-    from .annotate_progress import BatchProgress
+    from vostream.pipeline.apps.annotate.progress import BatchProgress
 
     start = time.monotonic()
     plan = plan_batch(o)

@@ -17,10 +17,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .annotate_inputs import VideoEntry, match_video
-from .errors import PromptError
-from .prompts import read_prompts_text
-from .types import Prompt
+from vostream.pipeline.apps.annotate.inputs import VideoEntry, match_video
+from vostream.pipeline.errors import PromptError
+from vostream.pipeline.apps.prompts import read_prompts_text
+from vostream.pipeline.types import Prompt
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def _resolve(name: Any, entries: Sequence[VideoEntry], where: str) -> VideoEntry
 
 
 def _parse_json(p: Path, text: str, entries: Sequence[VideoEntry]) -> dict[str, VideoPrompts]:
-    from .prompts import prompts_from_dicts
+    from vostream.pipeline.apps.prompts import prompts_from_dicts
 
     name = f"prompts file {str(p)!r}"
     try:
@@ -157,7 +157,7 @@ def check_batch_prompts(path: str | Path, batch: dict[str, VideoPrompts],
                         sizes: dict[str, tuple[int, int] | None]) -> None:
     """Check every video's prompts against its frame size (``sizes[key] = (w, h)``; ``None``: not probed, bounds
     skipped) and the prompt-sequence rules.  Raises :class:`PromptError` naming the entry or line."""
-    from .prompts import check_prompt_sequence
+    from vostream.pipeline.apps.prompts import check_prompt_sequence
 
     name = f"prompts file {str(path)!r}"
     for key, vp in batch.items():

@@ -15,8 +15,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from .errors import VostreamError, describe
-from .run import run_warnings
+from vostream.pipeline.errors import VostreamError, describe
+from vostream.pipeline.apps.track import run_warnings
 
 logger = logging.getLogger(__name__)
 
@@ -101,9 +101,9 @@ class JobRunner:
     def run(self, job: VideoJob, progress: ProgressFn | None = None) -> JobResult:
         """Annotate one video.  Never raises for a failure of the video: the result says ``failed`` with the
         error.  ``progress(frames)`` is called about every 0.25 s; returning False cancels the job."""
-        from .annotate_manifest import clean_outputs, write_manifest
-        from .config import TrackSettings
-        from .run import build_track_pipeline
+        from vostream.pipeline.apps.annotate.manifest import clean_outputs, write_manifest
+        from vostream.pipeline.apps.config import TrackSettings
+        from vostream.pipeline.apps.track import build_track_pipeline
 
         o = self.options
         start = time.monotonic()

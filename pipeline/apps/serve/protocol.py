@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-from .errors import ConfigError
+from vostream.pipeline.errors import ConfigError
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)

@@ -1,0 +1,1 @@
+"""The runtimes a SAM-2-family export runs on: ONNX Runtime (``ort``) and AscendCL (``acl``)."""
