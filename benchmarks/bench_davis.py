@@ -98,6 +98,7 @@ def prompt_for(mode: str, gt0: np.ndarray) -> Prompt:
 def run_sequence(tracker: Any, frames: list[Path], gts: list[np.ndarray], mode: str,
                  dump: Path | None = None) -> dict[str, Any]:
     """Track one sequence; per-sequence metrics and timings."""
+    cv2.setRNGSeed(0)  # RANSAC inside the trackers draws from OpenCV's RNG: same seed, repeatable figures
     session = tracker.new_session()
     pre = None
     ious, wrong, pres_ok, times = [], [], [], []
@@ -146,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trackers", default="old,new", help="old (the --baseline revision) and/or new (this checkout)")
     ap.add_argument("--baseline", default=BASELINE, help="git revision of the 'old' tracker")
     ap.add_argument("--work-size", default="480x270")
+    ap.add_argument("--flow-preset", default=None, help="DIS preset of the new tracker (default: its own)")
+    ap.add_argument("--param", action="append", default=[],
+                    help="NAME=VALUE: override a ClassicParams field of the new tracker (for tuning)")
     ap.add_argument("--dump", type=Path, help="write overlay JPEGs (every 10th frame) here, for eyeballing")
     ap.add_argument("--json", type=Path, help="write all results here")
     args = ap.parse_args(argv)
@@ -168,8 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         if name == "old":
             trackers["old"] = load_baseline(args.baseline, Path(tmp.name))(work_size=ws)
         elif name == "new":
-            from vostream.stages.trackers.classic import ClassicTracker
-            trackers["new"] = ClassicTracker(work_size=ws)
+            import dataclasses
+
+            from vostream.stages.trackers.classic import ClassicParams, ClassicTracker
+            kv = dict(item.split("=", 1) for item in args.param)
+            params = dataclasses.replace(ClassicParams(), **{k: type(getattr(ClassicParams(), k))(v)
+                                                             for k, v in kv.items()})
+            extra = {"flow_preset": args.flow_preset} if args.flow_preset else {}
+            trackers["new"] = ClassicTracker(work_size=ws, params=params, **extra)
         else:
             ap.error(f"unknown tracker {name!r}")
     results: dict[str, dict[str, dict[str, Any]]] = {t: {m: {} for m in modes} for t in trackers}

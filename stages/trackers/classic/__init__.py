@@ -21,7 +21,7 @@ class ClassicTracker(Tracker):
 
     name = "classic"
 
-    def __init__(self, work_size: tuple[int, int] | str = (480, 270), flow_preset: str = "ultrafast",
+    def __init__(self, work_size: tuple[int, int] | str = (480, 270), flow_preset: str = "medium",
                  params: ClassicParams | None = None) -> None:
         if isinstance(work_size, str):
             try:

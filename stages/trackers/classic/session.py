@@ -41,12 +41,23 @@ class ClassicParams:
     bg_rate: float = 0.2
     absent_ratio: float = 0.18        # visible area / reference area under which the object is absent
     absent_llr: float = 0.4           # mean colour log likelihood ratio in the mask under which it is absent
+    absent_llr_frac: float = 0.4      # ... or under this fraction of its typical value, whichever is lower
     area_rate: float = 0.1            # reference-area EMA rate (only while mostly visible)
     reacquire_llr: float = 0.8        # likelihood threshold for re-acquisition candidates
     reacquire_bhatt: float = 0.5      # max Bhattacharyya distance near the predicted position
     reacquire_bhatt_global: float = 0.38
     reacquire_min_ratio: float = 0.2  # min candidate area / reference area near the predicted position
     reacquire_global_ratio: float = 0.45
+    dense_weight: float = 0.6         # weight of the dense-flow (per-pixel) warp vs the similarity warp of the mask
+    motion_weight: float = 1.5        # log-odds of the motion cue (moves like the background vs like the object)
+    motion_min: float = 1.0           # object's motion relative to the background (px) needed for the motion cue
+    grow_frames: int = 10             # after a click prompt, frames during which the mask grows to what moves with it
+    grow_min_sep: float = 1.5         # ... when its motion differs from the background's by this many px
+    grow_min_gain: float = 1.25       # ... and the moving region is at least this x the mask
+    grow_max: float = 5.0             # ... up to this x the click's own segmentation
+    max_growth: float = 1.3           # visible area at most this x the reference area (x the motion's scale)
+    frame_growth: float = 1.12        # ... and at most this x its last visible area
+    area_grow_rate: float = 0.03      # reference-area EMA rate when the area grows (area_rate when it shrinks)
 
 
 @dataclass
@@ -65,6 +76,11 @@ class _Track:
     score: float = 1.0
     size: float = 1.0                 # sqrt of area_ref
     ratio: float = 1.0                # last visible area / area_ref
+    llr_ref: float = 1.0              # typical mean colour log likelihood ratio inside the mask (EMA)
+    grow_until: int = -1              # frame index until which the mask may grow to what moves with it
+    grow_base: float = 0.0            # area of the click's own segmentation (growth is capped relative to it)
+    grow: np.ndarray | None = None    # (h, w) float32 running vote "moves with the object" (click prompts)
+    motion: np.ndarray | None = None  # 2x3 similarity of the last propagation (previous -> this frame)
     prompted_at: int = 0              # frame index of the last prompt (contested pixels go to the newest)
 
 
@@ -91,9 +107,10 @@ def _pad(box: tuple[int, int, int, int], pad: int, w: int, h: int) -> tuple[int,
 class ClassicSession(TrackerSession):
     """Tracking state for one stream (see module doc).  Not thread-safe."""
 
-    def __init__(self, params: ClassicParams | None = None, flow_preset: str = "ultrafast") -> None:
+    def __init__(self, params: ClassicParams | None = None, flow_preset: str = "medium") -> None:
         self.params = params or ClassicParams()
         self._flow = FlowEstimator(flow_preset)
+        self._flow_back = FlowEstimator(flow_preset)
         self._tracks: dict[int, _Track] = {}
         self._pending: dict[int, Prompt] = {}
         self._prev_gray: np.ndarray | None = None
@@ -166,7 +183,9 @@ class ClassicSession(TrackerSession):
             moving = [t.velocity * max(1, frame.index - self._prev_index) for oid, t in self._tracks.items()
                       if t.present and oid not in refresh]
             init = tuple(np.mean(moving, axis=0)) if frame.index - self._prev_index > 1 and moving else None
-            flow = self._flow(self._prev_gray, gray, init)
+            fwd = self._flow(self._prev_gray, gray, init)
+            bwd = self._flow_back(gray, self._prev_gray, None if init is None else (-init[0], -init[1]))
+            flow = (fwd, bwd, self._background_motion(bwd))
         self._prev_index = frame.index
         self._prev_gray = gray
 
@@ -177,6 +196,8 @@ class ClassicSession(TrackerSession):
                 continue
             if tr.present:
                 lg, s2 = self._propagate(tr, img, qidx, flow, frame.index)
+                if frame.index <= tr.grow_until and flow is not None and flow[2] is not None:
+                    lg = self._grow_by_motion(tr, img, qidx, lg, flow[1], flow[2])
                 logits[oid], scale_change[oid] = lg, s2
             else:
                 found = self._reacquire(tr, qidx, frame.index)
@@ -199,6 +220,9 @@ class ClassicSession(TrackerSession):
                 mask = mask_from_points(img, qidx, pos, neg, prior=cur)
             logits[oid] = np.clip(_signed_distance(mask) * 1.5, -6, 6).astype(np.float32)
             self._init_track(oid, mask, qidx, frame.index, keep_area=oid in self._tracks and oid not in refresh)
+            if sp.mask is None and sp.box is None and len(pos):
+                self._tracks[oid].grow_until = frame.index + self.params.grow_frames
+                self._tracks[oid].grow_base = float(mask.sum())
             prompted.add(oid)
 
         self._exclusive(logits, {oid: self._tracks[oid].prompted_at for oid in logits})
@@ -214,6 +238,7 @@ class ClassicSession(TrackerSession):
         old = self._tracks.get(oid)
         tr = _Track(oid, mask.copy(), mask.copy(), model, area, c, last_seen=index, size=float(np.sqrt(area)),
                     prompted_at=index)
+        tr.llr_ref = float(model.llr(qidx[mask]).mean())
         if old is not None and keep_area:
             tr.area_ref = max(area, old.area_ref)
         self._tracks[oid] = tr
@@ -233,12 +258,40 @@ class ClassicSession(TrackerSession):
         out[y0:y1, x0:x1] = (big > 0) & (small == 0)
         return out
 
+    def _background_motion(self, bwd: np.ndarray) -> np.ndarray | None:
+        """2x3 affine map current -> previous frame of the background (RANSAC on the backward flow sampled on a
+        grid outside every visible object's padded box), or None when it cannot be fitted."""
+        h, w = bwd.shape[:2]
+        step = max(4, int(np.sqrt(h * w / 1500.0)))
+        ys, xs = np.mgrid[step // 2:h:step, step // 2:w:step]
+        keep = np.ones(ys.shape, bool)
+        for tr in self._tracks.values():
+            box = _bbox(tr.mask) if tr.present else None
+            if box is None:
+                continue
+            pad = int(0.15 * tr.size + 6 + np.abs(tr.velocity).max())
+            x0, y0, x1, y1 = _pad(box, pad, w, h)
+            keep &= ~((xs >= x0) & (xs < x1) & (ys >= y0) & (ys < y1))
+        if keep.sum() < 40:
+            return None
+        src = np.stack([xs[keep], ys[keep]], 1).astype(np.float32)
+        dst = src + bwd[ys[keep], xs[keep]]
+        a, inl = cv2.estimateAffine2D(src, dst, method=cv2.RANSAC, ransacReprojThreshold=1.0, maxIters=200,
+                                      confidence=0.98, refineIters=5)
+        if a is None or inl is None or inl.sum() < 0.3 * len(src):
+            return None
+        return a.astype(np.float32)
+
     def _propagate(self, tr: _Track, img: np.ndarray, qidx: np.ndarray,
-                   flow: np.ndarray | None, index: int) -> tuple[np.ndarray, float]:
+                   flow: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+                   index: int) -> tuple[np.ndarray, float]:
         """Fused logits (h, w) for a visible object and the area scale factor of its motion.
 
-        The prior comes from the object's amodal ``shape`` (so a part that re-emerges from behind an occluder is
-        expected); the motion is fitted to the flow of its visible ``mask``.  ``tr.shape`` is moved in place.
+        The prior comes from the object's last mask moved two ways, blended: by a similarity transform fitted to
+        the forward flow inside it, and per pixel by the backward flow (which follows deformation and leaves
+        background that moves like the background outside).  The amodal ``shape`` (moved by the similarity, so a
+        part that re-emerges from behind an occluder is expected) adds a weak prior.  ``tr.shape`` is moved in
+        place.  Where the object moves differently from the background, a motion cue is added.
         """
         p = self.params
         h, w = qidx.shape
@@ -248,11 +301,16 @@ class ClassicSession(TrackerSession):
         x0, y0, x1, y1 = _pad(box, pad, w, h)
         sd = _signed_distance(tr.mask[y0:y1, x0:x1])
         sd_shape = _signed_distance(tr.shape[y0:y1, x0:x1])
-        if flow is not None:
-            m = similarity_from_flow(flow, tr.mask)
+        fwd, bwd, bg = flow if flow is not None else (None, None, None)
+        if fwd is not None:
+            # fitted on the mask's core: boundary pixels that are really background would bias the scale
+            core = cv2.erode(tr.mask.astype(np.uint8), np.ones((3, 3), np.uint8),
+                             iterations=max(1, int(0.06 * tr.size))).astype(bool)
+            m = similarity_from_flow(fwd, core if core.sum() >= 40 else tr.mask)
         else:
             m = np.array([[1, 0, 0], [0, 1, 0]], np.float32)
         s2 = float(abs(np.linalg.det(m[:, :2])))
+        tr.motion = m
         # warp the ROI's signed distance (in ROI coordinates) to the full frame
         t = m.copy()
         t[:, 2] += m[:, :2] @ np.array([x0, y0], np.float32)
@@ -268,15 +326,126 @@ class ClassicSession(TrackerSession):
             return out, s2
         pad = max(p.min_roi_pad, int(p.roi_pad * tr.size))
         rx0, ry0, rx1, ry1 = _pad(pbox, pad, w, h)
-        prior = np.maximum(self._prior(sdw[ry0:ry1, rx0:rx1]),
+        sdr = sdw[ry0:ry1, rx0:rx1]
+        gx = gy = None
+        if bwd is not None and p.dense_weight > 0:
+            gy, gx = np.mgrid[ry0:ry1, rx0:rx1].astype(np.float32)
+            bw = bwd[ry0:ry1, rx0:rx1]
+            sdd = cv2.remap(sd, gx + bw[..., 0] - x0, gy + bw[..., 1] - y0, cv2.INTER_LINEAR,
+                            borderMode=cv2.BORDER_REPLICATE)
+            sdr = p.dense_weight * sdd + (1 - p.dense_weight) * np.maximum(sdr, -50)
+        pred_r = (sdr > 0) | tr.shape[ry0:ry1, rx0:rx1]
+        prior = np.maximum(self._prior(sdr),
                            np.minimum(self._prior(sdw_shape[ry0:ry1, rx0:rx1]), p.shape_prior_max))
         llr = tr.model.llr(qidx[ry0:ry1, rx0:rx1])
         if p.llr_blur > 0:
             llr = cv2.GaussianBlur(llr, (0, 0), p.llr_blur)
         fused = prior + p.llr_weight * llr
-        keep = self._components(fused > 0, pred[ry0:ry1, rx0:rx1])
+        if bg is not None and bwd is not None and p.motion_weight > 0:
+            # motion cue: does the pixel's backward flow fit the object's motion or the background's better?
+            if gx is None:
+                gy, gx = np.mgrid[ry0:ry1, rx0:rx1].astype(np.float32)
+            bw = bwd[ry0:ry1, rx0:rx1]
+            mi = cv2.invertAffineTransform(m)
+            bgx = bg[0, 0] * gx + bg[0, 1] * gy + bg[0, 2] - gx
+            bgy = bg[1, 0] * gx + bg[1, 1] * gy + bg[1, 2] - gy
+            obx = mi[0, 0] * gx + mi[0, 1] * gy + mi[0, 2] - gx
+            oby = mi[1, 0] * gx + mi[1, 1] * gy + mi[1, 2] - gy
+            sep = np.sqrt((bgx - obx) ** 2 + (bgy - oby) ** 2)
+            core = sdr > 0
+            if core.any() and float(np.median(sep[core])) > p.motion_min:
+                r_bg = np.sqrt((bw[..., 0] - bgx) ** 2 + (bw[..., 1] - bgy) ** 2)
+                r_ob = np.sqrt((bw[..., 0] - obx) ** 2 + (bw[..., 1] - oby) ** 2)
+                fused += p.motion_weight * np.clip((r_bg - r_ob) / np.maximum(1.0, 0.5 * sep), -1.0, 1.0)
+        keep = self._components(fused > 0, pred_r)
+        max_area = int(s2 * min(p.max_growth * tr.area_ref, p.frame_growth * max(float(tr.mask.sum()), 1.0)))
+        if keep.sum() > max_area > 0:
+            # more than the object can plausibly grow in one frame: keep its most confident pixels
+            c = float(np.partition(fused[keep], -max_area)[-max_area])
+            fused = fused - c
+            keep = self._components(fused > 0, pred_r)
         out[ry0:ry1, rx0:rx1] = np.where(keep, np.maximum(fused, 0.05), np.minimum(fused, -0.05))
         return out, s2
+
+    def _grow_by_motion(self, tr: _Track, img: np.ndarray, qidx: np.ndarray, lg: np.ndarray, bwd: np.ndarray,
+                        bg: np.ndarray) -> np.ndarray:
+        """First frames after a click: grow the mask to the region around it that moves like it (and unlike the
+        background), refined by grabCut, so that one click on one part of an object gives the whole object when
+        its parts differ in colour but move together.  Returns the (possibly) new logits; re-initialises the
+        object's models when the mask grew."""
+        p = self.params
+        h, w = qidx.shape
+        mask = lg > 0
+        box = _bbox(mask)
+        m = tr.motion
+        if box is None or m is None:
+            return lg
+        area = float(mask.sum())
+        size = np.sqrt(area)
+        x0, y0, x1, y1 = _pad(box, int(max(20, 1.2 * size)), w, h)
+        gy, gx = np.mgrid[y0:y1, x0:x1].astype(np.float32)
+        bw = bwd[y0:y1, x0:x1]
+        mi = cv2.invertAffineTransform(m)
+        bgx = bg[0, 0] * gx + bg[0, 1] * gy + bg[0, 2] - gx
+        bgy = bg[1, 0] * gx + bg[1, 1] * gy + bg[1, 2] - gy
+        obx = mi[0, 0] * gx + mi[0, 1] * gy + mi[0, 2] - gx
+        oby = mi[1, 0] * gx + mi[1, 1] * gy + mi[1, 2] - gy
+        sep = np.sqrt((bgx - obx) ** 2 + (bgy - oby) ** 2)
+        mw = mask[y0:y1, x0:x1]
+        grow = np.zeros((h, w), np.float32) if tr.grow is None else cv2.warpAffine(tr.grow, m, (w, h))
+        logger.debug("grow: sep %.2f", float(np.median(sep[mw])))
+        if float(np.median(sep[mw])) < p.grow_min_sep:
+            tr.grow = grow * 0.7
+            return lg
+        r_bg = np.sqrt((bw[..., 0] - bgx) ** 2 + (bw[..., 1] - bgy) ** 2)
+        r_ob = np.sqrt((bw[..., 0] - obx) ** 2 + (bw[..., 1] - oby) ** 2)
+        coh = ((r_ob < 0.4 * sep) & (r_bg > 0.6 * sep)).astype(np.float32)
+        grow *= 0.5
+        grow[y0:y1, x0:x1] += 0.5 * coh
+        tr.grow = grow
+        cand = (grow[y0:y1, x0:x1] > 0.45) | mw
+        cand = cv2.morphologyEx(cand.astype(np.uint8), cv2.MORPH_OPEN, np.ones((5, 5), np.uint8)).astype(bool) | mw
+        _, lab = cv2.connectedComponents(cand.astype(np.uint8), connectivity=8)
+        ids = np.unique(lab[mw])
+        cand = np.isin(lab, ids[ids > 0])
+        ca = float(cand.sum())
+        edge = np.concatenate([cand[0], cand[-1], cand[:, 0], cand[:, -1]]).mean()
+        logger.debug("grow: cand %d vs %d edge %.2f", int(ca), int(area), edge)
+        limit = min(2.0 * area, p.grow_max * tr.grow_base)
+        if not (p.grow_min_gain * area < ca < limit) or edge > 0.15:
+            return lg
+        init = np.full(cand.shape, cv2.GC_PR_BGD, np.uint8)
+        init[cand] = cv2.GC_PR_FGD
+        init[cv2.erode(mw.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=2).astype(bool)] = cv2.GC_FGD
+        init[cv2.erode(cand.astype(np.uint8), np.ones((3, 3), np.uint8),
+                       iterations=max(2, int(0.08 * np.sqrt(ca)))).astype(bool)] = cv2.GC_FGD
+        far = cv2.dilate(cand.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=max(3, int(0.1 * size))) == 0
+        init[far] = cv2.GC_BGD
+        bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
+        try:
+            cv2.grabCut(np.ascontiguousarray(img[y0:y1, x0:x1]), init, (0, 0, 0, 0), bgd, fgd, 2,
+                        cv2.GC_INIT_WITH_MASK)
+        except cv2.error as exc:
+            logger.debug("grow: grabCut failed: %s", exc)
+            return lg
+        new = (init == cv2.GC_FGD) | (init == cv2.GC_PR_FGD)
+        _, lab = cv2.connectedComponents(new.astype(np.uint8), connectivity=8)
+        ids = np.unique(lab[mw & new])
+        new = _fill_holes(np.isin(lab, ids[ids > 0]))
+        logger.debug("grow: grabCut %d", int(new.sum()))
+        if not p.grow_min_gain * area <= new.sum() <= limit:
+            return lg
+        full = np.zeros((h, w), bool)
+        full[y0:y1, x0:x1] = new
+        logger.debug("object %d grown by motion from %d to %d px", tr.obj_id, int(area), int(full.sum()))
+        keep = {"velocity": tr.velocity, "grow_until": tr.grow_until, "prompted_at": tr.prompted_at,
+                "motion": m, "grow_base": tr.grow_base}
+        self._init_track(tr.obj_id, full, qidx, tr.last_seen, keep_area=False)
+        nt = self._tracks[tr.obj_id]
+        nt.velocity, nt.grow_until, nt.prompted_at, nt.motion, nt.grow_base = (
+            keep["velocity"], keep["grow_until"], keep["prompted_at"], keep["motion"], keep["grow_base"])
+        nt.grow = grow
+        return np.clip(_signed_distance(full) * 1.5, -6, 6).astype(np.float32)
 
     def _prior(self, sd: np.ndarray) -> np.ndarray:
         """Shape prior in log-odds from a signed distance map (positive inside)."""
@@ -381,7 +550,7 @@ class ClassicSession(TrackerSession):
                 ratio = area / max(tr.area_ref, 1.0)
                 tr.ratio = ratio
                 mean_llr = float(tr.model.llr(qidx[mask]).mean()) if area else 0.0
-                if ratio < p.absent_ratio or mean_llr < p.absent_llr:
+                if ratio < p.absent_ratio or mean_llr < min(p.absent_llr, p.absent_llr_frac * tr.llr_ref):
                     if tr.present:
                         logger.debug("object %d lost at frame %d (area ratio %.2f, mean llr %.2f)", oid, frame.index,
                                      ratio, mean_llr)
@@ -389,7 +558,9 @@ class ClassicSession(TrackerSession):
                     tr.mask = np.zeros((h, w), bool)
                     continue
                 if ratio > 0.7:
-                    tr.area_ref += p.area_rate * (area - tr.area_ref)
+                    tr.llr_ref += 0.1 * (mean_llr - tr.llr_ref)
+                    rate = p.area_grow_rate if area > tr.area_ref else p.area_rate
+                    tr.area_ref += rate * (area - tr.area_ref)
                 if ratio > 0.8:
                     tr.shape = mask
                 tr.size = float(np.sqrt(tr.area_ref))
