@@ -89,6 +89,10 @@ def draw_overlay(image: np.ndarray, result: TrackResult | None, style: OverlaySt
                 region[mask] = blended.astype(np.uint8)
             if style.contours:
                 contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+                # a halo in a contrasting colour under the coloured outline, so the object's colour stays visible
+                # on objects of the same colour (object 1 is dark red: red on a red jacket would vanish)
+                cv2.drawContours(out, contours, -1, _halo(colour), style.contour_thickness + 4,
+                                 lineType=cv2.LINE_AA, offset=(x0, y0))
                 cv2.drawContours(out, contours, -1, colour, style.contour_thickness, lineType=cv2.LINE_AA,
                                  offset=(x0, y0))
         else:
@@ -96,6 +100,12 @@ def draw_overlay(image: np.ndarray, result: TrackResult | None, style: OverlaySt
         if style.labels:
             _label(out, str(oid), x0, y0, colour, style.font_scale)
     return out
+
+
+def _halo(colour: tuple[int, int, int]) -> tuple[int, int, int]:
+    """White behind dark colours, black behind light ones (by luma)."""
+    r, g, b = colour
+    return (0, 0, 0) if 0.299 * r + 0.587 * g + 0.114 * b > 110 else (255, 255, 255)
 
 
 def _label(image: np.ndarray, text: str, x: int, y: int, colour: tuple[int, int, int], scale: float) -> None:
