@@ -51,10 +51,10 @@ class ClassicParams:
     dense_weight: float = 0.6         # weight of the dense-flow (per-pixel) warp vs the similarity warp of the mask
     motion_weight: float = 1.5        # log-odds of the motion cue (moves like the background vs like the object)
     motion_min: float = 1.0           # object's motion relative to the background (px) needed for the motion cue
-    grow_frames: int = 10             # after a click prompt, frames during which the mask grows to what moves with it
+    grow_frames: int = 20             # after a click prompt, frames during which the mask grows to what moves with it
     grow_min_sep: float = 1.5         # ... when its motion differs from the background's by this many px
     grow_min_gain: float = 1.25       # ... and the moving region is at least this x the mask
-    grow_max: float = 5.0             # ... up to this x the click's own segmentation
+    grow_max: float = 8.0             # ... up to this x the click's own segmentation
     max_growth: float = 1.3           # visible area at most this x the reference area (x the motion's scale)
     frame_growth: float = 1.12        # ... and at most this x its last visible area
     area_grow_rate: float = 0.03      # reference-area EMA rate when the area grows (area_rate when it shrinks)
