@@ -30,7 +30,7 @@ import sam2_reference as ref
 from vostream.pipeline.errors import BackendError, ConfigError, StageError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 from vostream.stages.trackers.sam2 import OnnxTracker
-from vostream.stages.trackers.sam2 import acl_fake as fake
+import fake_acl as fake
 from vostream.stages.trackers.sam2.backends.acl import (
     RESERVE_BYTES,
     AclRuntime,

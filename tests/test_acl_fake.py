@@ -1,4 +1,4 @@
-"""The fake pyACL (``vostream.stages.trackers.sam2.acl_fake``): the §9 checklist of shared/reference/ascend-acl.md,
+"""The fake pyACL (``tests/fake_acl.py``): the §9 checklist of shared/reference/ascend-acl.md,
 end-to-end runs of tiny ONNX "om" models through datasets and streams, thread/context rules, leaks, injected faults
 and transfer accounting."""
 
@@ -18,7 +18,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper
-from vostream.stages.trackers.sam2 import acl_fake as fake
+import fake_acl as fake
 
 H2D, D2H, D2D, H2H, DEFAULT = 1, 2, 3, 0, 4
 HBM = 1

@@ -26,7 +26,7 @@ pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper
 from vostream.pipeline.apps import doctor
 from vostream.pipeline.errors import BackendError, ConfigError
-from vostream.stages.trackers.sam2 import acl_fake
+import fake_acl as acl_fake
 from vostream.pipeline.apps.export import atc
 from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec, load_manifest
 
@@ -433,7 +433,7 @@ def test_doctor_probes_a_real_acl_in_a_child_process(clean_acl: None, tmp_path: 
     turns into the fake, configured as an A3 SoC)."""
     shim = tmp_path / "shim"
     shim.mkdir()
-    (shim / "acl.py").write_text("import sys\nfrom vostream.stages.trackers.sam2 import acl_fake as _f\n"
+    (shim / "acl.py").write_text("import sys\nimport fake_acl as _f\n"
                                  "_f.configure(soc_name='Ascend910_9392')\nsys.modules['acl'] = _f.install()\n")
     monkeypatch.syspath_prepend(str(shim))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]))

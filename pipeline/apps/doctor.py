@@ -191,7 +191,7 @@ def check_acl(device_id: int = 0) -> Check:
     loaded = sys.modules.get("acl")
     fake_loaded = loaded is not None and bool(getattr(loaded, "__vostream_fake__", False))
     if _fake_requested() or fake_loaded:
-        from vostream.stages.trackers.sam2 import acl_fake
+        import fake_acl as acl_fake  # tests/fake_acl.py (tests/ on sys.path)
 
         acl = acl_fake.install()
         try:

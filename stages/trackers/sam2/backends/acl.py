@@ -163,7 +163,7 @@ def atc_dynamic_options(spec: GraphSpec, gears: Sequence[int] = DECODER_GEARS) -
 
 def _import_acl() -> Any:
     if os.environ.get("VOSTREAM_FAKE_ACL") == "1":
-        from vostream.stages.trackers.sam2 import acl_fake
+        import fake_acl as acl_fake  # tests/fake_acl.py (tests/ on sys.path)
 
         return acl_fake.install()
     try:

@@ -2616,7 +2616,7 @@ _SUBMODULES = ("rt", "mdl", "media", "op", "blas", "util", "prof", "himpi", "fv"
 
 
 def _build_module() -> types.ModuleType:
-    root = types.ModuleType("acl", "Fake pyACL from vostream.stages.trackers.sam2.acl_fake (no Ascend device).")
+    root = types.ModuleType("acl", "Fake pyACL from tests/fake_acl.py (no Ascend device).")
     root.__file__ = __file__
     root.__vostream_fake__ = True  # type: ignore[attr-defined]
     subs = {name: types.ModuleType(f"acl.{name}") for name in _SUBMODULES}
