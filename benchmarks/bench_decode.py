@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 import av
-from vostream.stages.sources.decode import VideoFileSource
+from vostream.stages.sources import VideoFileSource
 
 logger = logging.getLogger("bench_decode")
 

@@ -32,7 +32,8 @@ from vostream.pipeline import Pipeline  # noqa: E402
 from vostream.pipeline.testing import ListSinkSpec, SlowStage  # noqa: E402
 from vostream.pipeline.types import Frame, Prompt  # noqa: E402
 from vostream.sinks.rtsp import RtspSinkSpec  # noqa: E402
-from vostream.stages.sources.live import LiveSource, ReconnectPolicy  # noqa: E402
+from vostream.pipeline.reconnect import ReconnectPolicy  # noqa: E402
+from vostream.stages.sources.live import LiveSource  # noqa: E402
 
 logger = logging.getLogger("bench_live")
 

@@ -137,7 +137,7 @@ def _scene_video(args: argparse.Namespace) -> str:
 
 
 def track_source(args: argparse.Namespace, n: int) -> Source[Any]:
-    from vostream.stages.sources.decode import VideoFileSource
+    from vostream.stages.sources import VideoFileSource
 
     return VideoFileSource(_scene_video(args), max_frames=n)
 

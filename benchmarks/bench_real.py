@@ -86,7 +86,7 @@ def inner_point(mask: np.ndarray) -> tuple[int, int]:
 
 
 def read_frames(path: Path) -> list[np.ndarray]:
-    from vostream.stages.sources.decode import VideoFileSource
+    from vostream.stages.sources import VideoFileSource
 
     with VideoFileSource(path) as src:
         return [f.image for f in src]

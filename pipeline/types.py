@@ -260,4 +260,25 @@ def boxes_from_masks(masks: np.ndarray) -> np.ndarray:
     return out
 
 
-__all__ = ["Frame", "Prompt", "TrackResult", "boxes_from_masks"]
+# -- control messages (Pipeline.send_control → the track stage) ----------------------------------------------
+
+@dataclass(frozen=True)
+class RemoveObject:
+    """Control message: forget object ``obj_id`` from frame ``frame_index`` on."""
+
+    obj_id: int
+    frame_index: int = 0
+
+
+@dataclass(frozen=True)
+class ResetTracker:
+    """Control message: forget every object from frame ``frame_index`` on."""
+
+    frame_index: int = 0
+
+
+#: what the track stage accepts besides frames: a prompt, or one of the two messages above
+Control = Prompt | RemoveObject | ResetTracker
+
+
+__all__ = ["Control", "Frame", "Prompt", "RemoveObject", "ResetTracker", "TrackResult", "boxes_from_masks"]

@@ -35,7 +35,7 @@ import numpy as np
 from vostream.pipeline.errors import ConfigError, OutputError
 from vostream.pipeline.stage import LATEST, Sink, SinkSpec
 from vostream.pipeline.types import Frame
-from vostream.stages.sources.live import ReconnectPolicy, SourceSupervisor
+from vostream.pipeline.reconnect import ReconnectPolicy, SourceSupervisor
 
 from .overlay import OverlayStyle, draw_overlay
 

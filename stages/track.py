@@ -21,29 +21,11 @@ from typing import Any, Iterable
 
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.stage import Stage
-from vostream.pipeline.types import Frame, Prompt, TrackResult
+from vostream.pipeline.types import Control, Frame, Prompt, RemoveObject, ResetTracker, TrackResult
 
 from .trackers.base import Tracker, TrackerSession
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RemoveObject:
-    """Control message: forget object ``obj_id`` from frame ``frame_index`` on."""
-
-    obj_id: int
-    frame_index: int = 0
-
-
-@dataclass(frozen=True)
-class ResetTracker:
-    """Control message: forget every object from frame ``frame_index`` on."""
-
-    frame_index: int = 0
-
-
-Control = Prompt | RemoveObject | ResetTracker
 
 
 @dataclass(order=True)
@@ -167,4 +149,4 @@ class TrackStage(Stage[Frame, Frame]):
         return out
 
 
-__all__ = ["Control", "RemoveObject", "ResetTracker", "TrackStage"]
+__all__ = ["TrackStage"]

@@ -26,8 +26,8 @@ from vostream.pipeline.testing import ListSinkSpec, SlowStage
 from vostream.pipeline.types import Prompt
 from vostream.samples.scenes import iou, render_scene
 from vostream.stages.sources import live
-from vostream.stages.sources.live import (ENDED, RECONNECTING, RUNNING, STALLED, LiveSource, ReconnectPolicy,
-                                  SourceSupervisor, open_options, v4l2_options)
+from vostream.pipeline.reconnect import ENDED, RECONNECTING, RUNNING, STALLED, ReconnectPolicy, SourceSupervisor
+from vostream.stages.sources.live import LiveSource, open_options, v4l2_options
 
 W, H, FPS, N = 320, 240, 30, 300
 FAST = ReconnectPolicy(initial_s=0.2, max_s=1.0)

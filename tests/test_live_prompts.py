@@ -29,8 +29,8 @@ from vostream.pipeline.apps.config import TrackSettings
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.types import Prompt
 from vostream.samples.scenes import iou, render_scene
-from vostream.stages.sources.live import PromptTimer, TimedPrompt, load_live_prompts
-from vostream.stages.track import RemoveObject
+from vostream.pipeline.apps.live_prompts import PromptTimer, TimedPrompt, load_live_prompts
+from vostream.pipeline.types import RemoveObject
 
 W, H, FPS, N = 320, 240, 30, 300
 

@@ -8,7 +8,8 @@ import pytest
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 from vostream.stages.preprocess import Preprocessor, PreprocessStage
-from vostream.stages.track import RemoveObject, ResetTracker, TrackStage
+from vostream.pipeline.types import RemoveObject, ResetTracker
+from vostream.stages.track import TrackStage
 from vostream.stages.trackers.base import InputSpec, Tracker, TrackerSession
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -13,7 +13,7 @@ from vostream.pipeline.apps.config import load_config, merge_settings
 from vostream.pipeline.errors import ConfigError, PromptError
 from vostream.pipeline.apps.prompts import check_prompt_sequence, load_prompts_file
 from vostream.pipeline.types import Prompt
-from vostream.stages.track import RemoveObject
+from vostream.pipeline.types import RemoveObject
 
 
 def tokens(argv):

@@ -14,7 +14,7 @@ from vostream.pipeline.apps.config import TrackSettings
 from vostream.pipeline.errors import StageError
 from vostream.pipeline.apps.track import build_track_pipeline
 from vostream.pipeline.types import Prompt
-from vostream.stages.track import RemoveObject
+from vostream.pipeline.types import RemoveObject
 
 W, H, N = 160, 96, 40
 

@@ -70,7 +70,7 @@ def load_mask_png(path: str | Path) -> np.ndarray:
 
 
 def _entry_prompt(entry: Any, where: str, base: Path) -> Prompt | Any:
-    from vostream.stages.track import RemoveObject
+    from vostream.pipeline.types import RemoveObject
 
     if not isinstance(entry, dict):
         raise PromptError(f"{where}: each prompt must be an object with 'obj' and 'frame', got {type(entry).__name__}")
@@ -153,7 +153,7 @@ def check_prompt_sequence(messages: Iterable[Any], width: int | None = None, hei
                           source: str = "") -> None:
     """Validate a whole schedule before running: every point inside the frame, every object's first prompt
     positive (a point, box or mask), and no removal of an object that does not exist at that frame."""
-    from vostream.stages.track import RemoveObject, ResetTracker
+    from vostream.pipeline.types import RemoveObject, ResetTracker
 
     ordered = sorted(enumerate(messages), key=lambda im: (im[1].frame_index, im[0]))
     alive: set[int] = set()

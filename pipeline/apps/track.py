@@ -17,7 +17,11 @@ from typing import Any
 
 from vostream.pipeline.apps.config import TrackSettings, tracker_options
 from vostream.pipeline.engine import Pipeline, RunReport, handle_signals
+from vostream.pipeline.apps.live_prompts import PromptTimer, TimedPrompt, load_live_prompts
 from vostream.pipeline.errors import ConfigError, OutputError, VostreamError
+from vostream.pipeline.reconnect import ReconnectPolicy
+from vostream.stages.sources import VideoInfo
+from vostream.stages.sources.live import LiveSource, open_live
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +68,7 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
     ``settings.backend`` tracker is loaded here and returned as ``facts["_tracker"]`` for the caller to close after
     the run (:func:`run_track` does; a neural backend holds graphs and device memory)."""
     from vostream.sinks import build_file_sinks
-    from vostream.stages.sources.decode import open_source, probe
+    from vostream.stages.sources import open_source, probe
     from vostream.stages.postprocess import PostprocessStage
     from vostream.stages.preprocess import PreprocessStage
     from vostream.stages.track import TrackStage
@@ -74,14 +78,12 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
 
     import cv2
 
-    from vostream.stages.sources.decode import is_live_uri
+    from vostream.stages.sources import is_live_uri
 
     assert settings.source is not None and (settings.out is not None or settings.rtsp_out is not None)
     cv2.setNumThreads(opencv_threads(settings.opencv_threads))
     live_source = None
     if is_live_uri(settings.source):  # connect now: a wrong URL fails before anything else starts
-        from vostream.stages.sources.live import open_live_for_track
-
         live_source, info, timed = open_live_for_track(settings)
     else:
         info = probe(settings.source)
@@ -133,6 +135,31 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
         facts["timed_prompts"] = timed
         facts["rtsp_out"] = settings.rtsp_out
     return pipe, facts
+
+
+def open_live_for_track(settings: TrackSettings) -> tuple[LiveSource, VideoInfo, list[TimedPrompt]]:
+    """For ``vostream track`` on a live URI: the connected :class:`LiveSource` (from a
+    :class:`~vostream.pipeline.apps.config.TrackSettings`), its :class:`~vostream.stages.sources.file.VideoInfo` and the
+    prompts file's wall-clock prompts (its frame-index prompts are put in ``settings.prompts``).
+
+    Connects once to probe (a wrong URL fails here with :class:`SourceError`); the returned source is not yet
+    connected (the pipeline opens it)."""
+    timed: list[TimedPrompt] = []
+    if settings.prompts_file:
+        frame_prompts, timed = load_live_prompts(settings.prompts_file)
+        settings.prompts = list(settings.prompts) + frame_prompts
+        settings.prompts_file = None
+    if not settings.prompts and timed:
+        settings.prompts = []
+    policy = ReconnectPolicy(initial_s=min(0.5, settings.reconnect_max_delay), max_s=settings.reconnect_max_delay,
+                             max_attempts=settings.reconnect_attempts)
+    options = dict(transport=settings.rtsp_transport, open_timeout=settings.open_timeout,
+                   read_timeout=settings.read_timeout, reconnect=policy, max_frames=settings.max_frames)
+    # Probe with a connection of its own and close it: the pipeline's source connects when the pipeline starts,
+    # so frames buffered while the tracker loads do not arrive as a stale burst.
+    with open_live(settings.source, **options) as probe:
+        info = VideoInfo(probe.width, probe.height, probe.fps or 25.0, None, "live", 0)
+    return open_live(settings.source, **options), info, timed
 
 
 #: Signals that stop a run cleanly (outputs finalised): Ctrl-C, ``kill``, and the terminal going away.
@@ -225,8 +252,6 @@ def run_track(settings: TrackSettings) -> RunReport:
     tracker = facts.pop("_tracker", None)
     timer = None
     if facts.get("timed_prompts"):  # a live feed's prompts with wall-clock triggers
-        from vostream.stages.sources.live import PromptTimer
-
         timer = PromptTimer(pipe.send_control, pipe.source, facts["timed_prompts"])  # type: ignore[arg-type]
     facts.pop("timed_prompts", None)
     try:
@@ -268,7 +293,7 @@ def default_samples_dir() -> Path:
 
 def ensure_demo_media(scene_name: str, samples_dir: Path) -> tuple[Path, Path, Path]:
     """Render scene ``scene_name`` into ``samples_dir`` unless already there: ``(video, prompts, gt_dir)``."""
-    from vostream.samples.scenes import render_scene, write_gt_pngs, write_scene
+    from vostream.samples.scenes import render_scene, write_scene
     from vostream.sinks.atomic import atomic_write_text
 
     video = samples_dir / f"{scene_name}.mp4"

@@ -13,7 +13,7 @@ import sys
 from vostream.pipeline import Pipeline
 from vostream.pipeline.stage import Sink, SinkSpec
 from vostream.pipeline.types import Frame, Prompt
-from vostream.stages.sources.decode import open_source, probe
+from vostream.stages.sources import open_source, probe
 from vostream.stages.postprocess import PostprocessStage
 from vostream.stages.preprocess import PreprocessStage
 from vostream.stages.track import TrackStage

@@ -20,20 +20,16 @@ thread and makes a blocked ``read`` return ``None`` within the read timeout (a b
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import math
 import os
-import random
 import re
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import av
@@ -41,186 +37,15 @@ from vostream.pipeline.errors import ConfigError, SourceError
 from vostream.pipeline.stage import Source
 from vostream.pipeline.types import Frame
 
-from vostream.stages.sources.decode import to_rgb
+from vostream.pipeline.reconnect import (
+    ReconnectPolicy,
+    SourceSupervisor,
+)
+from vostream.stages.sources.file import to_rgb
 
 logger = logging.getLogger(__name__)
 
-# -- states and events -----------------------------------------------------------------------------------------
-
-CONNECTING = "connecting"
-RUNNING = "running"
-STALLED = "stalled"
-RECONNECTING = "reconnecting"
-ENDED = "ended"
-STATES = (CONNECTING, RUNNING, STALLED, RECONNECTING, ENDED)
-
-#: state → states it may move to (``ended`` is final)
-TRANSITIONS: dict[str, tuple[str, ...]] = {
-    CONNECTING: (RUNNING, RECONNECTING, ENDED),
-    RUNNING: (STALLED, RECONNECTING, ENDED),
-    STALLED: (RECONNECTING, ENDED),
-    RECONNECTING: (CONNECTING, ENDED),
-    ENDED: (),
-}
-
 TRANSPORTS = ("tcp", "udp")
-
-
-@dataclass(frozen=True)
-class StateEvent:
-    """One state change of a live source: ``state`` entered at wall-clock ``time`` (``time.time()``).
-
-    ``attempt`` is the connection attempt number (1 = the first connection); ``reason`` says why (``"end of
-    stream"``, ``"no packets for 2.0 s"``, an error text, ``"stopped"``); ``delay_s`` the backoff before the next
-    attempt when entering ``reconnecting``."""
-
-    state: str
-    time: float
-    attempt: int = 0
-    reason: str = ""
-    delay_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class ReconnectPolicy:
-    """Exponential backoff with jitter between reconnect attempts.
-
-    Attempt ``k`` (1 = the first retry after a loss) waits ``min(max_s, initial_s * factor**(k-1))`` scaled by a
-    random factor in ``[1 - jitter, 1 + jitter]``.  ``max_attempts``: failed attempts in a row before giving up
-    (``None``: never give up).  Raises :class:`ConfigError` for values out of range.
-    """
-
-    initial_s: float = 0.5
-    max_s: float = 10.0
-    factor: float = 2.0
-    jitter: float = 0.25
-    max_attempts: int | None = None
-
-    def __post_init__(self) -> None:
-        if not (self.initial_s >= 0 and math.isfinite(self.initial_s)):
-            raise ConfigError(f"reconnect: initial delay must be >= 0 s, got {self.initial_s}")
-        if not self.max_s >= self.initial_s:
-            raise ConfigError(f"reconnect: max delay {self.max_s} s must be >= the initial delay {self.initial_s} s")
-        if not self.factor >= 1.0:
-            raise ConfigError(f"reconnect: backoff factor must be >= 1, got {self.factor}")
-        if not 0.0 <= self.jitter < 1.0:
-            raise ConfigError(f"reconnect: jitter must be within [0, 1), got {self.jitter}")
-        if self.max_attempts is not None and (isinstance(self.max_attempts, bool) or self.max_attempts < 1):
-            raise ConfigError(f"reconnect: max attempts must be >= 1 or None (unlimited), got {self.max_attempts}")
-
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Seconds to wait before retry number ``attempt`` (1-based)."""
-        base = min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1))
-        if self.jitter:
-            base *= 1.0 + (rng or random).uniform(-self.jitter, self.jitter)
-        return max(0.0, base)
-
-
-class SourceSupervisor:
-    """The state machine of one live source: states, events, counters, backoff.  No I/O, no threads.
-
-    The source calls :meth:`connecting`, :meth:`connected`, :meth:`lost` and :meth:`end`; the supervisor checks
-    every transition against :data:`TRANSITIONS` (a wrong one is a bug: ``RuntimeError``), records a
-    :class:`StateEvent` (the last ``keep_events``), calls ``on_event`` listeners, and tells the source how long to
-    wait before the next attempt or that it must give up.  Thread-safe: any thread may read :meth:`snapshot`,
-    :attr:`events` and :attr:`state`.
-    """
-
-    def __init__(self, policy: ReconnectPolicy = ReconnectPolicy(), *, name: str = "live",
-                 clock: Callable[[], float] = time.time, rng: random.Random | None = None,
-                 keep_events: int = 256) -> None:
-        self.policy = policy
-        self.name = name
-        self.clock = clock
-        self.rng = rng or random.Random()
-        self._lock = threading.Lock()
-        self._events: deque[StateEvent] = deque(maxlen=keep_events)
-        self._listeners: list[Callable[[StateEvent], None]] = []
-        self.state = ""  # before the first connect
-        self.attempt = 0  # connection attempts so far
-        self.failed_in_row = 0
-        self.reconnects = 0  # successful connections after the first
-        self.disconnects = 0
-        self.stalls = 0
-        self.connected_once = False
-        self.last_loss: float | None = None  # wall clock of the last loss
-        self.last_reconnect_s: float | None = None  # loss → running again
-
-    def add_listener(self, callback: Callable[[StateEvent], None]) -> None:
-        """``callback(event)`` on every state change, from the source's thread; exceptions are logged."""
-        with self._lock:
-            self._listeners.append(callback)
-
-    @property
-    def events(self) -> list[StateEvent]:
-        with self._lock:
-            return list(self._events)
-
-    def _enter(self, state: str, reason: str = "", delay_s: float = 0.0) -> StateEvent:
-        with self._lock:
-            if self.state and state not in TRANSITIONS[self.state]:
-                raise RuntimeError(f"live source {self.name}: bad transition {self.state} -> {state}")
-            self.state = state
-            event = StateEvent(state, self.clock(), self.attempt, reason, delay_s)
-            self._events.append(event)
-            listeners = list(self._listeners)
-        level = logging.WARNING if state in (STALLED, RECONNECTING) else logging.INFO
-        logger.log(level, "%s: %s%s", self.name, state, f" ({reason})" if reason else "")
-        for callback in listeners:
-            try:
-                callback(event)
-            except Exception:  # noqa: BLE001 - a listener must not break the source
-                logger.exception("%s: state listener failed", self.name)
-        return event
-
-    def connecting(self) -> None:
-        """A connection attempt starts."""
-        self.attempt += 1
-        self._enter(CONNECTING, f"attempt {self.attempt}")
-
-    def connected(self) -> None:
-        """The attempt succeeded: frames flow."""
-        now = self.clock()
-        if self.connected_once:
-            self.reconnects += 1
-            if self.last_loss is not None:
-                self.last_reconnect_s = now - self.last_loss
-        self.connected_once = True
-        self.failed_in_row = 0
-        self._enter(RUNNING)
-
-    def lost(self, reason: str, *, stalled: bool = False, failed_attempt: bool = False) -> float | None:
-        """The feed went away (``stalled``: no packets within the read timeout) or an attempt failed.
-
-        Returns the backoff delay before the next attempt, or ``None`` when the policy says give up (the state is
-        then ``ended``)."""
-        if stalled:
-            self.stalls += 1
-            self._enter(STALLED, reason)
-        if failed_attempt:
-            self.failed_in_row += 1
-        else:
-            self.disconnects += 1
-            self.last_loss = self.clock()
-        limit = self.policy.max_attempts
-        if limit is not None and self.failed_in_row >= limit:
-            self._enter(ENDED, f"gave up after {self.failed_in_row} failed attempt(s): {reason}")
-            return None
-        delay = self.policy.delay(self.failed_in_row + 1, self.rng)
-        self._enter(RECONNECTING, reason, delay)
-        return delay
-
-    def end(self, reason: str) -> None:
-        """Final state (stopped, closed, gave up).  Idempotent."""
-        if self.state != ENDED:
-            self._enter(ENDED, reason)
-
-    def snapshot(self) -> dict[str, Any]:
-        """Counters for ``stats()``: state, attempts, reconnects, disconnects, stalls, last reconnect time."""
-        with self._lock:
-            return {"state": self.state, "attempts": self.attempt, "reconnects": self.reconnects,
-                    "disconnects": self.disconnects, "stalls": self.stalls,
-                    "last_reconnect_s": None if self.last_reconnect_s is None else round(self.last_reconnect_s, 3)}
 
 
 # -- URIs and options ------------------------------------------------------------------------------------------
@@ -649,176 +474,6 @@ def open_live(uri: str, **options: Any) -> LiveSource:
         raise ConfigError(f"bad option for a live source ({_redact(uri)}): {err}") from err
 
 
-# -- live prompts: frame-index or wall-clock triggers ----------------------------------------------------------
-
-@dataclass(frozen=True)
-class TimedPrompt:
-    """A prompt (or removal) to send when a wall-clock trigger fires: ``after_s`` seconds after the first frame,
-    or at epoch time ``at`` (``time.time()`` seconds)."""
-
-    message: Any
-    after_s: float | None = None
-    at: float | None = None
-
-
-def load_live_prompts(path: str | os.PathLike[str]) -> tuple[list[Any], list[TimedPrompt]]:
-    """A prompts file (``docs/prompts.md``) whose entries may also carry a wall-clock trigger, ``"after_s": S``
-    (seconds after the first frame) or ``"at": EPOCH_SECONDS``, instead of ``"frame"``.
-
-    Returns ``(frame_prompts, timed_prompts)``.  Raises :class:`PromptError` (naming the file and entry)."""
-    import json
-
-    from vostream.pipeline.errors import PromptError
-    from vostream.pipeline.apps.prompts import prompts_from_dicts
-
-    p = os.fspath(path)
-    try:
-        with open(p, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise PromptError(f"prompts file {p!r}: no such file") from None
-    except (OSError, ValueError) as err:
-        raise PromptError(f"prompts file {p!r}: cannot be read as JSON ({err})") from err
-    entries = data.get("prompts") if isinstance(data, dict) else data
-    if not isinstance(entries, list):
-        raise PromptError(f"prompts file {p!r}: expected {{\"prompts\": [...]}}")
-    base = os.path.dirname(os.path.abspath(p))
-    plain: list[dict[str, Any]] = []
-    timed: list[TimedPrompt] = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not ({"after_s", "at"} & set(entry)):
-            plain.append(entry)
-            continue
-        entry = dict(entry)
-        after, at = entry.pop("after_s", None), entry.pop("at", None)
-        where = f"prompts file {p!r}, entry {i}"
-        if (after is None) == (at is None) or "frame" in entry:
-            raise PromptError(f"{where}: give one trigger: 'frame', 'after_s' or 'at'")
-        value = after if after is not None else at
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
-            raise PromptError(f"{where}: the trigger must be a number of seconds >= 0, got {value!r}")
-        for message in prompts_from_dicts([entry], where, Path(base)):
-            timed.append(TimedPrompt(message, float(after) if after is not None else None,
-                                     float(at) if at is not None else None))
-    return prompts_from_dicts(plain, f"prompts file {p!r}", Path(base)) if plain else [], timed
-
-
-class PromptTimer:
-    """Sends :class:`TimedPrompt` messages into a running pipeline when their trigger fires.
-
-    ``after_s`` counts from the source's first frame (``source.first_frame_time``, its capture time), so the time
-    spent connecting or loading the tracker does not eat into it; nothing is sent before the first frame.  ``at``
-    is an epoch time (``clock()``); one already past fires with the first frame.  Prompts due at the same time are
-    sent in trigger order (stable for equal times).  Each message's frame index is set to the next frame the source
-    will deliver (``source.last_index + 1``), so the track stage applies it to the first frame after the trigger
-    (a dropped frame: the next tracked one, counted as a late prompt).
-
-    :meth:`poll` does the work for one instant and may be driven by hand with a manual clock (tests); :meth:`start`
-    runs it on one daemon thread until every prompt is sent or :meth:`close` (idempotent; stops and joins the
-    thread).  ``send`` is called from that thread; an exception from it is logged and the prompt counted in
-    ``failed``.
-    """
-
-    def __init__(self, send: Callable[[Any], Any], source: Any, prompts: list[TimedPrompt], *,
-                 clock: Callable[[], float] = time.time, poll_s: float = 0.02) -> None:
-        self.send = send
-        self.source = source
-        self.clock = clock
-        self.poll_s = poll_s
-        self.pending = list(prompts)
-        self.sent = 0
-        self.failed = 0
-        self.started: float | None = None  # the first frame's time, once seen
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vostream-prompt-timer", daemon=True)
-
-    def start(self) -> PromptTimer:
-        self._thread.start()
-        return self
-
-    def due(self, item: TimedPrompt) -> float | None:
-        """When ``item`` fires (``clock()`` seconds), or ``None`` while ``after_s`` waits for the first frame."""
-        if item.at is not None:
-            return item.at
-        return None if self.started is None else self.started + (item.after_s or 0.0)
-
-    def poll(self, now: float | None = None) -> float | None:
-        """Send every prompt due at ``now`` (default ``clock()``); the next due time, ``None`` when none is left.
-        Before the source's first frame nothing is due (the next due time is then ``now``: poll again soon)."""
-        now = self.clock() if now is None else now
-        if self.started is None:
-            if getattr(self.source, "last_index", -1) < 0:
-                return now if self.pending else None
-            first = getattr(self.source, "first_frame_time", None)
-            self.started = float(first) if first is not None else now
-        timed = [(self.due(t), k, t) for k, t in enumerate(self.pending)]
-        ready = sorted((d, k) for d, k, _ in timed if d is not None and d <= now)
-        for _, k in ready:
-            self._fire(self.pending[k])
-        done = {k for _, k in ready}
-        self.pending = [t for k, t in enumerate(self.pending) if k not in done]
-        nxt = [self.due(t) for t in self.pending]
-        return min((d for d in nxt if d is not None), default=None)
-
-    def _fire(self, item: TimedPrompt) -> None:
-        msg = item.message
-        index = max(0, int(getattr(self.source, "last_index", -1)) + 1)
-        try:
-            msg = dataclasses.replace(msg, frame_index=index)
-        except (TypeError, ValueError):  # not a dataclass with a frame index: keep it as it is
-            logger.debug("could not re-index %r", msg)
-        try:
-            self.send(msg)
-        except Exception:  # noqa: BLE001 - a failed send (pipeline gone) must not kill the timer thread
-            self.failed += 1
-            logger.exception("could not send a timed prompt (%s)", type(msg).__name__)
-            return
-        self.sent += 1
-        logger.info("sent a timed prompt (%s) for frame %d", type(msg).__name__, index)
-
-    def _run(self) -> None:
-        while self.pending and not self._stop.is_set():
-            nxt = self.poll()
-            if nxt is None and not self.pending:
-                break
-            wait = self.poll_s if nxt is None or self.started is None else nxt - self.clock()
-            self._stop.wait(min(0.5, max(0.005, wait)))
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-
-def open_live_for_track(settings: Any) -> tuple[LiveSource, Any, list[TimedPrompt]]:
-    """For ``vostream track`` on a live URI: the connected :class:`LiveSource` (from a
-    :class:`~vostream.pipeline.apps.config.TrackSettings`), its :class:`~vostream.stages.sources.decode.VideoInfo` and the
-    prompts file's wall-clock prompts (its frame-index prompts are put in ``settings.prompts``).
-
-    Connects once to probe (a wrong URL fails here with :class:`SourceError`); the returned source is not yet
-    connected (the pipeline opens it)."""
-    from vostream.stages.sources.decode import VideoInfo
-
-    timed: list[TimedPrompt] = []
-    if settings.prompts_file:
-        frame_prompts, timed = load_live_prompts(settings.prompts_file)
-        settings.prompts = list(settings.prompts) + frame_prompts
-        settings.prompts_file = None
-    if not settings.prompts and timed:
-        settings.prompts = []
-    policy = ReconnectPolicy(initial_s=min(0.5, settings.reconnect_max_delay), max_s=settings.reconnect_max_delay,
-                             max_attempts=settings.reconnect_attempts)
-    options = dict(transport=settings.rtsp_transport, open_timeout=settings.open_timeout,
-                   read_timeout=settings.read_timeout, reconnect=policy, max_frames=settings.max_frames)
-    # Probe with a connection of its own and close it: the pipeline's source connects when the pipeline starts,
-    # so frames buffered while the tracker loads do not arrive as a stale burst.
-    with open_live(settings.source, **options) as probe:
-        info = VideoInfo(probe.width, probe.height, probe.fps or 25.0, None, "live", 0)
-    return open_live(settings.source, **options), info, timed
-
-
 __all__ = [
-    "CONNECTING", "ENDED", "RECONNECTING", "RUNNING", "STALLED", "STATES", "TRANSITIONS", "TRANSPORTS",
-    "LiveSource", "PromptTimer", "ReconnectPolicy", "TimedPrompt", "load_live_prompts", "open_live_for_track", "SourceSupervisor", "StateEvent", "camera_path", "live_kind", "open_live",
-    "open_options", "v4l2_options",
+    "TRANSPORTS", "LiveSource", "camera_path", "live_kind", "open_live", "open_options", "v4l2_options",
 ]

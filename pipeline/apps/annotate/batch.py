@@ -148,7 +148,7 @@ def plan_batch(o: AnnotateOptions) -> BatchPlan:
     """Find the videos, load and check the prompts (every error before any work: :class:`PromptError`), and
     split the videos into done / to do / without prompts.  Creates ``--out`` (:class:`OutputError`)."""
     from vostream.sinks.atomic import ensure_dir
-    from vostream.stages.sources.decode import probe
+    from vostream.stages.sources import probe
 
     from vostream.pipeline.apps.annotate.inputs import discover_videos
     from vostream.pipeline.apps.annotate.manifest import fingerprint, verify_manifest

@@ -283,7 +283,7 @@ class Session:
         :class:`VostreamError` subclasses (``SourceError`` for a bad file)."""
         from vostream.sinks import build_file_sinks
         from vostream.sinks.websocket import ViewerSinkSpec
-        from vostream.stages.sources.decode import FrameDirSource, is_live_uri, open_source
+        from vostream.stages.sources import FrameDirSource, is_live_uri, open_source
         from vostream.stages.postprocess import PostprocessStage
         from vostream.stages.preprocess import PreprocessStage
         from vostream.stages.track import TrackStage
@@ -378,7 +378,7 @@ class Session:
         if self.frames is not None and frame >= self.frames:
             raise ProtocolError("out_of_range", f"seek.frame {frame} is past the end ({self.frames} frames, "
                                                 f"0..{self.frames - 1})", "seek")
-        from vostream.stages.track import ResetTracker
+        from vostream.pipeline.types import ResetTracker
 
         assert self.pipeline is not None
         self.pipeline.send_control(ResetTracker(frame))
@@ -418,7 +418,7 @@ class Session:
             self._replay_after(receipt)
 
     def remove(self, obj: int) -> None:
-        from vostream.stages.track import RemoveObject
+        from vostream.pipeline.types import RemoveObject
 
         self._src()
         with self._lock:
@@ -429,7 +429,7 @@ class Session:
         self._control_now(lambda f: RemoveObject(obj, f))
 
     def reset(self) -> None:
-        from vostream.stages.track import ResetTracker
+        from vostream.pipeline.types import ResetTracker
 
         self._src()
         with self._lock:

@@ -25,7 +25,7 @@ from media import (
     square_mask,
 )
 from vostream.pipeline.errors import ConfigError, SourceError
-from vostream.stages.sources.decode import FrameDirSource, VideoFileSource, is_live_uri, natural_key, open_source, probe
+from vostream.stages.sources import FrameDirSource, VideoFileSource, is_live_uri, natural_key, open_source, probe
 
 W, H, N = 96, 64, 24
 
