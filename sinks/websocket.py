@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import cv2
+import msgpack
 import numpy as np
 
 from vostream.pipeline.errors import ConfigError
 from vostream.pipeline.metrics import Ring
-from vostream.pipeline.apps.serve.protocol import PackedFrame
 from vostream.pipeline.stage import LATEST, Sink, SinkSpec
 from vostream.pipeline.types import Frame
 
@@ -36,6 +36,35 @@ logger = logging.getLogger(__name__)
 
 #: wall clock minus monotonic clock, to turn ``frame.stamps`` (monotonic) into epoch milliseconds
 _EPOCH_OFFSET = time.time() - time.monotonic()
+
+
+@dataclass(frozen=True)
+class PackedFrame:
+    """A frame message packed once for every client, minus ``sent_ms`` which each client's sender appends.
+
+    ``body`` holds the msgpack key/value pairs of ``count`` entries; :meth:`finish` prefixes a map header for
+    ``count + 1`` entries and appends ``sent_ms``.  ``seq``/``index`` are kept for the sender's bookkeeping.
+    """
+
+    seq: int
+    index: int
+    body: bytes
+    count: int
+    capture_ms: float
+
+    @classmethod
+    def pack(cls, fields: dict[str, Any]) -> PackedFrame:
+        packer = msgpack.Packer(use_bin_type=True)
+        body = b"".join(packer.pack(k) + packer.pack(v) for k, v in fields.items())
+        return cls(int(fields["seq"]), int(fields["index"]), body, len(fields), float(fields.get("capture_ms", 0.0)))
+
+    def finish(self, sent_ms: float) -> bytes:
+        n = self.count + 1
+        header = bytes([0x80 | n]) if n < 16 else b"\xde" + n.to_bytes(2, "big")
+        return header + self.body + msgpack.packb("sent_ms") + msgpack.packb(float(sent_ms))
+
+    def __len__(self) -> int:
+        return len(self.body) + 16
 
 
 class ClientSlot:
@@ -261,5 +290,5 @@ def decode_rle_counts(counts: str, height: int, width: int) -> np.ndarray:
     return mask_utils.decode({"size": [height, width], "counts": counts.encode("ascii")}).astype(bool)
 
 
-__all__ = ["AnnotationRecord", "ClientSlot", "FrameHub", "ViewerSink", "ViewerSinkSpec", "decode_rle_counts",
+__all__ = ["AnnotationRecord", "ClientSlot", "FrameHub", "PackedFrame", "ViewerSink", "ViewerSinkSpec", "decode_rle_counts",
            "frame_objects"]

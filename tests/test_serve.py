@@ -22,7 +22,7 @@ from vostream.pipeline.apps.serve.protocol import ProtocolError, parse_client_me
 from vostream.pipeline.apps.serve.session import SessionOptions
 from vostream.samples.scenes import render_scene, write_scene
 from vostream.sinks.websocket import ClientSlot
-from vostream.pipeline.apps.serve.protocol import PackedFrame
+from vostream.sinks.websocket import PackedFrame
 
 W, H = 160, 120
 

@@ -269,7 +269,7 @@ def cmd_track(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from vostream.pipeline.apps.track import run_demo
+    from vostream.pipeline.apps.demo import run_demo
 
     report = run_demo(out=args.out, scene=args.scene, samples_dir=args.samples_dir, quiet=bool(args.quiet))
     return 130 if report.interrupted else 0

@@ -270,38 +270,9 @@ def error(code: str, message: str, ref: str | None = None) -> bytes:
     return encode({"t": "error", "code": code, "message": message, "ref": ref})
 
 
-@dataclass(frozen=True)
-class PackedFrame:
-    """A frame message packed once for every client, minus ``sent_ms`` which each client's sender appends.
-
-    ``body`` holds the msgpack key/value pairs of ``count`` entries; :meth:`finish` prefixes a map header for
-    ``count + 1`` entries and appends ``sent_ms``.  ``seq``/``index`` are kept for the sender's bookkeeping.
-    """
-
-    seq: int
-    index: int
-    body: bytes
-    count: int
-    capture_ms: float
-
-    @classmethod
-    def pack(cls, fields: dict[str, Any]) -> PackedFrame:
-        packer = msgpack.Packer(use_bin_type=True)
-        body = b"".join(packer.pack(k) + packer.pack(v) for k, v in fields.items())
-        return cls(int(fields["seq"]), int(fields["index"]), body, len(fields), float(fields.get("capture_ms", 0.0)))
-
-    def finish(self, sent_ms: float) -> bytes:
-        n = self.count + 1
-        header = bytes([0x80 | n]) if n < 16 else b"\xde" + n.to_bytes(2, "big")
-        return header + self.body + msgpack.packb("sent_ms") + msgpack.packb(float(sent_ms))
-
-    def __len__(self) -> int:
-        return len(self.body) + 16
-
-
 __all__ = [
     "Ack", "ClientMessage", "EXPORT_FORMATS", "Export", "Hello", "MAX_INFLIGHT", "MAX_OBJ_ID", "MAX_POINTS",
-    "MESSAGE_TYPES", "Open", "PROTOCOL_VERSION", "PackedFrame", "Ping", "PromptMsg", "ProtocolError", "Remove",
+    "MESSAGE_TYPES", "Open", "PROTOCOL_VERSION", "Ping", "PromptMsg", "ProtocolError", "Remove",
     "SUPPORTED_VERSIONS", "Seek", "Simple", "Watch", "check_prompt_range", "decode", "encode", "error",
     "parse_client_message",
 ]

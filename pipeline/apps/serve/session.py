@@ -29,11 +29,18 @@ from typing import Any, Callable
 
 import numpy as np
 
+from vostream.pipeline.apps.assemble import assemble_track
+from vostream.pipeline.apps.serve.protocol import PromptMsg, ProtocolError, check_prompt_range
 from vostream.pipeline.engine import Pipeline
 from vostream.pipeline.errors import ConfigError, VostreamError
-from vostream.pipeline.apps.serve.protocol import ProtocolError, PromptMsg, check_prompt_range
 from vostream.pipeline.stage import Source
-from vostream.pipeline.types import Frame, Prompt, TrackResult
+from vostream.pipeline.types import Frame, Prompt, RemoveObject, ResetTracker, TrackResult
+from vostream.sinks import build_file_sinks
+from vostream.sinks.png import PngSinkSpec
+from vostream.sinks.vis_json import VisJsonSinkSpec
+from vostream.sinks.websocket import AnnotationRecord, FrameHub, ViewerSinkSpec, decode_rle_counts
+from vostream.stages.sources import FrameDirSource, is_live_uri, open_source
+from vostream.stages.trackers import load_tracker
 
 logger = logging.getLogger(__name__)
 
@@ -216,8 +223,6 @@ class TrackerCache:
         self._closed = False
 
     def get(self) -> Any:
-        from vostream.stages.trackers import load_tracker
-
         with self._lock:
             if self._closed:
                 raise ConfigError("the server is shutting down")
@@ -272,7 +277,6 @@ class Session:
         self._lock = threading.Lock()
         self.pipeline: Pipeline | None = None
         self.control: ControllableSource | None = None
-        from vostream.sinks.websocket import AnnotationRecord, FrameHub
 
         self.hub = FrameHub()
         self.record = AnnotationRecord()
@@ -281,13 +285,6 @@ class Session:
     def open(self) -> None:
         """Open the source and start the pipeline (blocking: run in a worker thread).  Raises
         :class:`VostreamError` subclasses (``SourceError`` for a bad file)."""
-        from vostream.sinks import build_file_sinks
-        from vostream.sinks.websocket import ViewerSinkSpec
-        from vostream.stages.sources import FrameDirSource, is_live_uri, open_source
-        from vostream.stages.postprocess import PostprocessStage
-        from vostream.stages.preprocess import PreprocessStage
-        from vostream.stages.track import TrackStage
-
         path = self.source_path
         self.live = is_live_uri(path)
         is_dir = os.path.isdir(path)
@@ -314,15 +311,13 @@ class Session:
         if supervisor is not None:  # a live feed: its state changes (reconnecting, running, ...) reach the clients
             supervisor.add_listener(lambda event: self.notify("state"))
         tracker = self.trackers.get()  # shared by the server's sessions: the server releases it
-        stages = [PreprocessStage(tracker.input_spec, ring=3 * self.options.queue_size + 8), TrackStage(tracker),
-                  PostprocessStage()]
         sinks: list[Any] = [ViewerSinkSpec(self.hub, session=self.id, jpeg_quality=self.options.jpeg_quality,
                                            record=None if self.live else self.record)]
         if self.options.out_dir:
             sinks += build_file_sinks(Path(self.options.out_dir) / self.id, self.options.save,
                                       fps=self.fps, source_name=self.display)
-        self.pipeline = Pipeline(self.control, stages, sinks, queue_size=self.options.queue_size,
-                                 name=f"session-{self.id}")
+        self.pipeline = assemble_track(self.control, tracker, sinks, queue_size=self.options.queue_size,
+                                       name=f"session-{self.id}")
         self.pipeline.start()
         threading.Thread(target=self._watch, daemon=True, name=f"vostream-session-{self.id}").start()
 
@@ -378,7 +373,6 @@ class Session:
         if self.frames is not None and frame >= self.frames:
             raise ProtocolError("out_of_range", f"seek.frame {frame} is past the end ({self.frames} frames, "
                                                 f"0..{self.frames - 1})", "seek")
-        from vostream.pipeline.types import ResetTracker
 
         assert self.pipeline is not None
         self.pipeline.send_control(ResetTracker(frame))
@@ -418,8 +412,6 @@ class Session:
             self._replay_after(receipt)
 
     def remove(self, obj: int) -> None:
-        from vostream.pipeline.types import RemoveObject
-
         self._src()
         with self._lock:
             if obj not in self.objects:
@@ -429,8 +421,6 @@ class Session:
         self._control_now(lambda f: RemoveObject(obj, f))
 
     def reset(self) -> None:
-        from vostream.pipeline.types import ResetTracker
-
         self._src()
         with self._lock:
             self.objects.clear()
@@ -488,9 +478,6 @@ class Session:
         (DAVIS palette PNGs) with the file sinks' own code.  Blocking: run in a worker thread."""
         if self.live:
             raise ProtocolError("unsupported", "export needs a file or frames-directory session", "export")
-        from vostream.sinks.png import PngSinkSpec
-        from vostream.sinks.vis_json import VisJsonSinkSpec
-        from vostream.sinks.websocket import decode_rle_counts
 
         items = self.record.items()
         if not items:
