@@ -23,8 +23,8 @@ What it models:
   shapes, datasets and data buffers, ``execute`` and ``execute_async`` (queued on the stream, run at
   ``synchronize_stream``) reading inputs from and writing outputs into the arena at the data buffers' addresses,
   dynamic gears (``ascend_mbatch_shape_data``) configured through ATC-like ONNX metadata keys
-  (``acl_fake.input_shape``, ``acl_fake.dynamic_batch_size``, ``acl_fake.dynamic_image_size``,
-  ``acl_fake.dynamic_dims``) or :func:`model_options`;
+  (``fake_acl.input_shape``, ``fake_acl.dynamic_batch_size``, ``fake_acl.dynamic_image_size``,
+  ``fake_acl.dynamic_dims``) or :func:`model_options`;
 * accounting (:func:`stats`), leak reporting (:func:`live_handles`, :func:`assert_no_leaks`), fault injection
   (:func:`inject`), and test isolation (:func:`reset`).
 
@@ -1000,7 +1000,7 @@ class _FakeAcl:
         ctx = self.need_context("acl.mdl.load")
         session = _ort_session(key, source, self.config.ort_threads)
         meta = dict(session.get_modelmeta().custom_metadata_map)
-        options = {k: meta[f"acl_fake.{k}"] for k in _MDL_OPTION_KEYS if f"acl_fake.{k}" in meta}
+        options = {k: meta[f"fake_acl.{k}"] for k in _MDL_OPTION_KEYS if f"fake_acl.{k}" in meta}
         if isinstance(source, str):
             options.update(self.model_opts.get(os.path.abspath(source), {}))
         model_id = self.next_model_id
@@ -1076,7 +1076,7 @@ class _FakeAcl:
                         raise _Fail(
                             ACL_ERROR_PARSE_MODEL,
                             f"{label}: input {arg.name!r} has a dynamic dim (axis {axis} of {arg.shape}); give the "
-                            "ONNX graph static shapes, an 'acl_fake.input_shape' entry, or dynamic gears "
+                            "ONNX graph static shapes, a 'fake_acl.input_shape' entry, or dynamic gears "
                             "(as ATC would require)",
                         )
                     markers.append((i, axis))
@@ -2687,7 +2687,7 @@ def configure(**changes: Any) -> FakeConfig:
 
 
 def model_options(path: str | os.PathLike[str], **options: str | None) -> None:
-    """ATC-like options for a model file, instead of ``acl_fake.*`` ONNX metadata: ``input_shape="x:1,3,8,8"``,
+    """ATC-like options for a model file, instead of ``fake_acl.*`` ONNX metadata: ``input_shape="x:1,3,8,8"``,
     ``dynamic_batch_size="1,2,4"``, ``dynamic_image_size="224,224;448,448"``, ``dynamic_dims="1;2;4"``."""
     unknown = set(options) - set(_MDL_OPTION_KEYS)
     if unknown:
@@ -2816,6 +2816,64 @@ def api_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Running vostream on the fake: ``python tests/fake_acl.py <vostream arguments>``
+# ----------------------------------------------------------------------------------------------------------------
+
+#: environment variable with a JSON object of :class:`FakeConfig` fields, applied wherever the fake is installed by
+#: :func:`main` or by an ``acl`` shim (:func:`write_shim`), child processes included
+CONFIG_ENV = "FAKE_ACL_CONFIG"
+
+_SHIM = """# written by tests/fake_acl.py: 'import acl' here gives the fake pyACL (configured from ${env})
+import json, os, sys
+sys.path.insert(0, {tests!r})
+import fake_acl
+fake_acl.configure(**json.loads(os.environ.get({env!r}) or "{{}}"))
+sys.modules["acl"] = fake_acl.install()
+"""
+
+
+def write_shim(directory: str | os.PathLike[str]) -> str:
+    """Write ``directory/acl.py``: a module that, when imported as ``acl``, installs this fake in its place.  Put
+    ``directory`` on ``PYTHONPATH`` so child processes (``vostream doctor``'s probe) get the fake too."""
+    path = os.path.join(os.fspath(directory), "acl.py")
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(path, "w") as f:
+        f.write(_SHIM.replace("${env}", CONFIG_ENV).format(tests=here, env=CONFIG_ENV))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python tests/fake_acl.py <vostream arguments>``: ``vostream`` with this fake as ``acl`` and the fake ATC
+    (``tests/fake_atc.py``) as ``atc`` on ``PATH``, in this process and in its child processes; no NPU, no CANN.
+    ``FAKE_ACL_CONFIG='{"hbm_bytes": 1073741824}'`` configures the fake device (:class:`FakeConfig`)."""
+    import json
+    import tempfile
+
+    import fake_atc
+    from vostream.pipeline.apps.cli import main as vostream_main
+
+    argv = sys.argv[1:] if argv is None else argv
+    with tempfile.TemporaryDirectory(prefix="fake-acl-") as tmp:
+        fake_atc.install(tmp)
+        write_shim(tmp)
+        here = os.path.dirname(os.path.abspath(__file__))
+        saved = {k: os.environ.get(k) for k in ("PATH", "PYTHONPATH")}
+        os.environ["PATH"] = os.pathsep.join([tmp, os.environ.get("PATH", "")])
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, here, os.environ.get("PYTHONPATH")) if p)
+        configure(**json.loads(os.environ.get(CONFIG_ENV) or "{}"))
+        install()
+        try:
+            return vostream_main(argv)
+        finally:
+            uninstall()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 def _format_guesses() -> str:
     return "\nGuesses (behaviour not pinned by the reference; verify on hardware):\n\n" + "\n".join(
         f"{i}. {g}" for i, g in enumerate(GUESSES, start=1)
@@ -2838,6 +2896,7 @@ __all__ = [
     "inject",
     "install",
     "live_handles",
+    "main",
     "model_options",
     "module",
     "peek",
@@ -2846,4 +2905,11 @@ __all__ = [
     "reset_stats",
     "stats",
     "uninstall",
+    "write_shim",
 ]
+
+if __name__ == "__main__":
+    # tests/ is sys.path[0]: import this file once more as ``fake_acl``, the module everything else imports
+    import fake_acl as _self
+
+    raise SystemExit(_self.main(sys.argv[1:]))

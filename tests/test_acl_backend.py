@@ -1,4 +1,4 @@
-"""The ``acl`` backend (``AclRuntime`` + ``AclTracker``) on the fake pyACL (``acl_fake``): parity with the ``onnx``
+"""The ``acl`` backend (``AclRuntime`` + ``AclTracker``) on the fake pyACL (``tests/fake_acl.py``): parity with the ``onnx``
 backend, transfer accounting from the fake's own counters, context/thread rules and teardown, ACL error mapping
 (also through a real track pipeline), the device-memory plan, and load-time checks.
 
@@ -26,17 +26,12 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
+import fake_acl as fake
 import sam2_reference as ref
 from vostream.pipeline.errors import BackendError, ConfigError, StageError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
-from vostream.stages.trackers.sam2 import OnnxTracker
-import fake_acl as fake
-from vostream.stages.trackers.sam2.backends.acl import (
-    RESERVE_BYTES,
-    AclRuntime,
-    AclTracker,
-    atc_dynamic_options,
-)
+from vostream.stages.trackers.sam2 import AclTracker, OnnxTracker
+from vostream.stages.trackers.sam2.backends.acl import RESERVE_BYTES, AclRuntime, atc_dynamic_options
 from vostream.stages.trackers.sam2.manifest import Manifest, load_manifest
 from vostream.stages.trackers.sam2.session import MAX_POINTS
 
@@ -522,23 +517,29 @@ def test_decoder_without_gears_fails_to_load_with_the_acl_code(acl: types.Module
 
 
 def test_missing_pyacl_says_where_it_comes_from(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("VOSTREAM_FAKE_ACL", raising=False)
     monkeypatch.setitem(sys.modules, "acl", None)  # import acl -> ImportError
-    with pytest.raises(BackendError, match=r"CANN toolkit.*VOSTREAM_FAKE_ACL=1"):
+    with pytest.raises(BackendError, match=r"pyACL.*not importable.*CANN toolkit.*not installed.*set_env\.sh"):
         AclRuntime()
+    with pytest.raises(BackendError, match=r"CANN toolkit"):
+        AclRuntime(acl=None)  # None means: import the real pyACL
 
 
-def test_env_var_installs_the_fake(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VOSTREAM_FAKE_ACL", "1")
-    fake.reset()
+def test_injected_module_is_used_without_importing_acl(monkeypatch: pytest.MonkeyPatch, om_dir: Path) -> None:
+    """``acl=`` is what the runtime drives: no ``import acl`` happens (here it would fail), and the tracker factory
+    passes it through."""
+    monkeypatch.setitem(sys.modules, "acl", None)
+    fake.reset(ort_threads=1)
     try:
-        runtime = AclRuntime()
-        assert runtime.is_fake and sys.modules["acl"] is fake.module()
-        assert "fake acl" in runtime.describe()
+        runtime = AclRuntime(acl=fake.module())
+        assert runtime.acl is fake.module() and runtime.is_fake and "fake acl" in runtime.describe()
         runtime.close()
         fake.assert_no_leaks()
+        _register_gears(om_dir)
+        tracker = AclTracker(om_dir, acl=fake.module())
+        assert tracker.runtime.acl is fake.module() and fake.stats().mallocs > 0
+        tracker.close()
+        fake.assert_no_leaks()
     finally:
-        fake.uninstall()
         fake.reset()
 
 

@@ -23,11 +23,12 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+import fake_acl as acl_fake
+import fake_atc as fake_atc_module
 from onnx import TensorProto, helper, numpy_helper
 from vostream.pipeline.apps import doctor
-from vostream.pipeline.errors import BackendError, ConfigError
-import fake_acl as acl_fake
 from vostream.pipeline.apps.export import atc
+from vostream.pipeline.errors import BackendError, ConfigError
 from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec, load_manifest
 
 ALGORITHM = {"multimask_output_in_sam": True, "multimask_output_for_tracking": True, "multimask_min_pt_num": 0,
@@ -136,57 +137,13 @@ def export(tmp_path: Path) -> tuple[Manifest, Path]:
     return make_export(d), d
 
 
-FAKE_ATC = r'''#!{python}
-# Fake ATC: checks its arguments like ATC would and writes <output>.om = the ONNX file plus the acl_fake.* metadata
-# the fake pyACL reads (input_shape / dynamic_dims), appended as protobuf field 14 (ModelProto.metadata_props) so it
-# starts fast without importing onnx.  FAKE_ATC_FAIL=graph,... fails those graphs with exit code 3.
-import json, os, sys
-args = {{}}
-for a in sys.argv[1:]:
-    assert a.startswith("--") and "=" in a, a
-    k, v = a[2:].split("=", 1)
-    args[k] = v
-log = os.environ.get("FAKE_ATC_LOG")
-if log:
-    with open(log, "a") as f:
-        f.write(json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(),
-                            "keep_dtype_exists": os.path.isfile(args.get("keep_dtype", "")) }}) + "\n")
-graph = os.path.splitext(os.path.basename(args["model"]))[0]
-print("ATC start working now, please wait for a moment.", flush=True)
-if args.get("framework") != "5" or not args.get("soc_version", "").startswith("Ascend") or args.get("log") != "error":
-    print("E10001: bad framework / soc_version / log", flush=True); sys.exit(2)
-if graph in os.environ.get("FAKE_ATC_FAIL", "").split(","):
-    print("E19999: Inner Error! fake failure for " + graph, flush=True); sys.exit(3)
-
-def varint(n):
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-def field(num, payload):
-    return varint(num << 3 | 2) + varint(len(payload)) + payload
-
-data = open(args["model"], "rb").read()
-for key in ("input_shape", "dynamic_dims"):
-    if key in args:
-        data += field(14, field(1, ("acl_fake." + key).encode()) + field(2, args[key].encode()))
-with open(args["output"] + ".om", "wb") as f:
-    f.write(data)
-print("ATC run success, welcome to the next use.", flush=True)
-'''
-
-
 @pytest.fixture()
 def fake_atc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fake ``atc`` first on PATH; returns the log file of its invocations (one JSON line each)."""
+    """The fake ``atc`` (``tests/fake_atc.py``) first on PATH; returns the log file of its invocations (one JSON
+    line each)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    exe = bindir / "atc"
-    exe.write_text(FAKE_ATC.format(python=sys.executable))
-    exe.chmod(0o755)
+    fake_atc_module.install(bindir)
     log = tmp_path / "atc.log"
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("FAKE_ATC_LOG", str(log))
@@ -335,8 +292,8 @@ def test_fake_atc_is_run_and_om_files_reported(export: tuple[Manifest, Path], fa
         om = d / f"{name}.om"
         assert rec["om"][name] == str(om) and om.is_file()
         meta = {p.key: p.value for p in onnx.load(str(om)).metadata_props}
-        assert meta["acl_fake.input_shape"].startswith(IO[name][0][0][0] + ":")
-    assert {p.key: p.value for p in onnx.load(str(d / "decoder.om")).metadata_props}["acl_fake.dynamic_dims"] \
+        assert meta["fake_acl.input_shape"].startswith(IO[name][0][0][0] + ":")
+    assert {p.key: p.value for p in onnx.load(str(d / "decoder.om")).metadata_props}["fake_acl.dynamic_dims"] \
         .startswith("1,1;2,2")
     calls = [json.loads(ln) for ln in fake_atc.read_text().splitlines()]
     assert len(calls) == 4 and all(c["keep_dtype_exists"] for c in calls)
@@ -345,6 +302,19 @@ def test_fake_atc_is_run_and_om_files_reported(export: tuple[Manifest, Path], fa
     assert json.loads((d / atc.RECORD_NAME).read_text())["om"] == rec["om"]
     assert not list(d.glob(".atc-*")) and not list(d.glob(".*.tmp*"))
     assert "converted 4 graphs" in atc.describe(rec)
+
+
+def test_relative_export_dir_converts(export: tuple[Manifest, Path], fake_atc: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``vostream export ... --out exports/x --om`` gives a relative directory while ATC runs inside the temporary
+    directory: every path ATC gets must still point to the right place."""
+    m, d = export
+    monkeypatch.chdir(d.parent)
+    rec = atc.convert_export(m, Path(d.name), progress=lambda s: None)
+    assert rec["ran"] is True and sorted(p.name for p in d.glob("*.om")) == sorted(f"{n}.om" for n in m.graphs)
+    for c in (json.loads(ln) for ln in fake_atc.read_text().splitlines()):
+        o = _opts(c["argv"] and ["atc", *c["argv"]])
+        assert Path(o["output"]).is_absolute() and Path(o["model"]).is_absolute()
 
 
 def test_failing_graph_names_graph_and_leaves_no_om(export: tuple[Manifest, Path], fake_atc: Path,
@@ -378,14 +348,26 @@ def test_om_cli_arguments(export: tuple[Manifest, Path], no_atc: None) -> None:
 
 # ------------------------------------------------------------------------------------------------ doctor
 @pytest.fixture()
-def clean_acl(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """No VOSTREAM_FAKE_ACL, no acl module installed; the fake is uninstalled and reset afterwards."""
-    monkeypatch.delenv("VOSTREAM_FAKE_ACL", raising=False)
+def clean_acl() -> Any:
+    """No acl module installed; the fake is uninstalled and reset afterwards."""
     acl_fake.uninstall()
     acl_fake.reset()
     yield
     acl_fake.uninstall()
     acl_fake.reset()
+
+
+@pytest.fixture()
+def acl_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_acl: None) -> Path:
+    """An importable ``acl`` (tests/fake_acl.py's shim) on sys.path and PYTHONPATH, as a CANN install puts the real
+    one there; child processes configure the fake from FAKE_ACL_CONFIG.  Nothing is imported here."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    acl_fake.write_shim(shim)
+    monkeypatch.syspath_prepend(str(shim))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv(acl_fake.CONFIG_ENV, raising=False)
+    return shim
 
 
 def _by_name(checks: list[doctor.Check]) -> dict[str, doctor.Check]:
@@ -415,47 +397,57 @@ def _has_real_acl() -> bool:
     return importlib.util.find_spec("acl") is not None
 
 
-def test_doctor_with_fake_acl_reports_fake_soc_and_hbm(clean_acl: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VOSTREAM_FAKE_ACL", "1")
-    acl_fake.configure(soc_name="Ascend910B4", hbm_bytes=32 * 2**30, device_count=2)
+def test_doctor_probes_acl_in_a_child_process(acl_shim: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An importable ``acl`` is probed in a child process: the doctor itself imports nothing.  The shim turns into
+    the fake there, configured through the environment (an A3 SoC, 2 devices, 32 GiB), and the fake says it is
+    one."""
+    monkeypatch.setenv(acl_fake.CONFIG_ENV, json.dumps({"soc_name": "Ascend910_9392", "hbm_bytes": 32 * 2**30,
+                                                         "device_count": 2}))
     c = doctor.check_acl(device_id=1)
-    assert c.status == "OK" and "fake" in c.detail and c.data["fake"] is True
-    assert c.data["soc"] == "Ascend910B4" and c.data["hbm_total"] == 32 * 2**30 and c.data["device_count"] == 2
-    assert "Ascend910B4" in c.detail and "32.0 GiB" in c.detail
-    assert acl_fake.live_handles()["contexts"] == []  # the probe reset the device and finalised
+    assert c.status == "OK", c.detail
+    assert c.data["fake"] is True and c.detail.startswith("fake pyACL (") and "fake_acl.py" in c.detail
+    assert c.data["soc"] == "Ascend910_9392" and c.data["hbm_total"] == 32 * 2**30 and c.data["device_count"] == 2
+    assert "Ascend910_9392" in c.detail and "32.0 GiB" in c.detail and c.data["run_mode"] == "host"
+    assert "acl" not in sys.modules  # nothing imported acl in this process
     bad = doctor.check_acl(device_id=5)
     assert bad.status == "FAIL" and "device 5 does not exist" in bad.detail
-
-
-def test_doctor_probes_a_real_acl_in_a_child_process(clean_acl: None, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """An importable ``acl`` that is not the in-process fake is probed in a child process (here: a shim module that
-    turns into the fake, configured as an A3 SoC)."""
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "acl.py").write_text("import sys\nimport fake_acl as _f\n"
-                                 "_f.configure(soc_name='Ascend910_9392')\nsys.modules['acl'] = _f.install()\n")
-    monkeypatch.syspath_prepend(str(shim))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(acl_fake.CONFIG_ENV, json.dumps({"soc_name": "Ascend910B2"}))
+    (acl_shim / "acl.py").write_text(  # a module that does not call itself a fake is reported as pyACL
+        f"import sys\nsys.path.insert(0, {str(Path(acl_fake.__file__).parent)!r})\nimport fake_acl\n"
+        "m = fake_acl.install()\ndel m.__vostream_fake__\nsys.modules['acl'] = m\n")
     c = doctor.check_acl()
-    assert c.status == "OK" and c.data["fake"] is False and c.data["soc"] == "Ascend910_9392"
-    assert c.detail.startswith("pyACL:") and "HBM free" in c.detail
-    assert "acl" not in sys.modules  # nothing imported acl in this process
-    (shim / "acl.py").write_text("raise ImportError('libascendcl.so: cannot open shared object file')\n")
+    assert c.status == "OK" and c.data["fake"] is False and c.detail.startswith("pyACL:") and "HBM free" in c.detail
+    (acl_shim / "acl.py").write_text("raise ImportError('libascendcl.so: cannot open shared object file')\n")
     c = doctor.check_acl()
     assert c.status == "MISSING" and "libascendcl.so" in c.detail and "CANN" in c.detail
 
 
-def test_doctor_module_json_with_fake_acl(tmp_path: Path) -> None:
-    env = {**os.environ, "VOSTREAM_FAKE_ACL": "1"}
-    out = subprocess.run([sys.executable, "-m", "vostream.pipeline.apps.doctor", "--json"], capture_output=True,
+def test_doctor_does_not_switch_to_the_fake_by_itself(clean_acl: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old switch is gone: VOSTREAM_FAKE_ACL=1 changes nothing, and a fake installed in this process only is
+    not what the doctor reports (it probes 'import acl' in a child process, which has no fake)."""
+    if _has_real_acl():
+        pytest.skip("a real pyACL is importable here")
+    monkeypatch.setenv("VOSTREAM_FAKE_ACL", "1")
+    assert doctor.check_acl().status == "MISSING"
+    acl_fake.install()
+    c = doctor.check_acl()
+    assert c.status == "MISSING" and "CANN" in c.detail and "VOSTREAM_FAKE_ACL" not in c.detail
+
+
+def test_fake_acl_wrapper_runs_doctor_json(tmp_path: Path) -> None:
+    """``python tests/fake_acl.py doctor --json``: the fake pyACL (in the doctor's child probe too) and the fake
+    atc on PATH."""
+    env = {**os.environ, acl_fake.CONFIG_ENV: json.dumps({"hbm_bytes": 16 * 2**30})}
+    out = subprocess.run([sys.executable, acl_fake.__file__, "doctor", "--json"], capture_output=True,
                          text=True, env=env, timeout=120, cwd=tmp_path, check=False)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     checks = {c["name"]: c for c in d["checks"]}
     assert d["backends"] == {"classic": True, "onnx": True, "acl": True}
     assert checks["acl"]["data"]["fake"] is True and checks["acl"]["data"]["soc"] == "Ascend910B3"
-    assert checks["acl"]["data"]["hbm_total"] == 64 * 2**30
+    assert checks["acl"]["data"]["hbm_total"] == 16 * 2**30
+    assert checks["atc"]["status"] == "OK" and checks["atc"]["data"]["path"].endswith("/atc")
+    assert "fake-acl-" in checks["atc"]["data"]["path"]
 
 
 def test_doctor_model_without_acl_runs_onnx_and_skips_acl(export: tuple[Manifest, Path], clean_acl: None,
@@ -525,20 +517,67 @@ def test_doctor_model_compare_detects_mismatch(export: tuple[Manifest, Path], cl
     assert c["model.acl"].status == "FAIL" and "145021" in c["model.acl"].detail
 
 
-def test_doctor_model_acl_runtime_vs_onnx_on_fake(export: tuple[Manifest, Path], fake_atc: Path, clean_acl: None,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_doctor_model_acl_runtime_vs_onnx_on_fake(export: tuple[Manifest, Path], fake_atc: Path,
+                                                  acl_shim: Path) -> None:
     """End to end on the fake: the fake atc writes .om stand-ins (ONNX + the ATC shapes/gears as metadata), the
     doctor runs the clip through AclRuntime on the fake pyACL and through ONNX Runtime, and compares."""
     m, d = export
     atc.convert_export(m, d, progress=lambda s: None)
-    try:
-        import vostream.stages.trackers.sam2.backends.acl  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"stages/trackers/sam2/backends/acl.py not importable yet ({exc}); the doctor reports "
-                    "'acl runtime unavailable'")
-    monkeypatch.setenv("VOSTREAM_FAKE_ACL", "1")
+    acl_fake.install()  # what the shim does in this process on 'import acl'
     c = _by_name(doctor.run_checks(d))
     assert c["acl"].status == "OK" and c["acl"].data["fake"]
     assert c["model"].data["om"] == {n: True for n in m.graphs}
     assert c["model.acl"].status == "OK", c["model.acl"].detail
     assert c["model.acl"].data["iou"] == 1.0 and c["model.acl"].data["max_abs_diff"] < 1e-5
+    assert acl_fake.stats().executes >= 4  # the four graphs really ran on the fake
+
+
+# ------------------------------------------------------------------------------------------------ docs/ascend.md §9
+def _documented_fake_acl_commands() -> list[str]:
+    """The ``python tests/fake_acl.py ...`` lines of the code block in docs/ascend.md §9 that runs the fake."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "ascend.md").read_text()
+    section = text[text.index("## 9. Tracking"):text.index("## 10.")]
+    blocks = section.split("```bash\n")[1:]
+    block = next(b.split("```")[0] for b in blocks if "python tests/fake_acl.py export" in b)
+    return [ln for ln in block.splitlines() if ln.strip()]
+
+
+def test_ascend_md_fake_acl_commands(sam2_tiny: Any, tmp_path: Path) -> None:
+    """Runs docs/ascend.md §9's fake-ACL command lines verbatim as subprocesses, from a directory whose ``tests``
+    is this checkout's, with CHECKPOINT = a tiny random SAM 2 checkpoint, VIDEO = a small clip and POINT = a click
+    on its square: export --om (the fake atc writes the .om files), doctor --model (the fake pyACL, acl vs onnx),
+    track --backend acl."""
+    from media import make_video, square_frames, square_mask
+
+    lines = _documented_fake_acl_commands()
+    assert [shlex.split(ln)[2] for ln in lines] == ["export", "doctor", "track"]
+    assert all(shlex.split(ln)[:2] == ["python", "tests/fake_acl.py"] for ln in lines)
+    ckpt, _ = sam2_tiny("sam2")
+    w, h, n = 128, 96, 6
+    video = make_video(tmp_path / "clip.mp4", square_frames(n, w, h, step=2), fps=25)
+    ys, xs = np.nonzero(square_mask(0, w, h, step=2))
+    work = tmp_path / "checkout"
+    work.mkdir()
+    (work / "tests").symlink_to(Path(__file__).resolve().parent)
+    env = {**os.environ, "CHECKPOINT": str(ckpt), "VIDEO": str(video), "POINT": f"{xs.mean():.0f},{ys.mean():.0f}"}
+    env.pop("FAKE_ACL_CONFIG", None)
+    outputs = []
+    for ln in lines:
+        argv = shlex.split(ln)  # then the shell's expansion of "$CHECKPOINT", "$VIDEO", "$POINT"
+        for var in ("CHECKPOINT", "VIDEO", "POINT"):
+            argv = [a.replace(f"${var}", env[var]) for a in argv]
+        argv[0] = sys.executable  # "python"
+        proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode == 0, f"{ln}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        outputs.append(proc.stdout + proc.stderr)
+    export = work / "exports" / "fake-acl"
+    om = sorted(p.name for p in export.glob("*.om"))
+    assert om == ["decoder.om", "image_encoder.om", "memory_attention.om", "memory_encoder.om"]
+    meta = {p.key: p.value for p in onnx.load(str(export / "decoder.om")).metadata_props}
+    assert meta["fake_acl.dynamic_dims"].startswith("1,1;2,2")  # written by the fake atc from the ATC command
+    doctor_rows = {ln.split()[0]: ln.split()[1] for ln in outputs[1].splitlines()[1:] if ln.startswith("  ")}
+    assert doctor_rows["acl"] == "OK" and "fake pyACL" in outputs[1] and doctor_rows["atc"] == "OK"
+    assert doctor_rows["model"] == "OK" and doctor_rows["model.onnx"] == "OK" and doctor_rows["model.acl"] == "OK"
+    assert "mask IoU 1.0000" in outputs[1]
+    out = work / "out" / "fake-acl"
+    assert out.is_dir() and any(out.iterdir()), outputs[2]

@@ -5,8 +5,9 @@ Checks (one line each, status OK / MISSING / FAIL / SKIP):
 * ``classic`` — the built-in tracker (OpenCV);
 * ``onnx`` — ``onnxruntime`` importable, its version and execution providers (CUDA / TensorRT or not);
 * ``acl`` — pyACL (``import acl``, shipped with the CANN toolkit): ACL version, CANN version, SoC, device count and
-  free/total HBM of ``--device-id``.  ``VOSTREAM_FAKE_ACL=1`` installs the in-package fake and says so.  A real
-  pyACL is probed in a child process, so a native crash or a device left set cannot affect this process;
+  free/total HBM of ``--device-id``.  pyACL is probed in a child process, so a native crash or a device left set
+  cannot affect this process.  A module that declares itself a fake (``__vostream_fake__``, the tests' fake pyACL
+  run through ``python tests/fake_acl.py doctor``) is labelled as such;
 * ``atc`` — the ATC converter (``.onnx`` -> ``.om``) on ``PATH``;
 * ``export`` — torch / transformers / onnx for ``vostream export`` (versions read from package metadata; nothing
   heavy is imported);
@@ -25,7 +26,6 @@ import argparse
 import importlib
 import importlib.util
 import json
-import os
 import platform
 import shutil
 import subprocess
@@ -42,8 +42,7 @@ EXIT_MODEL_FAILED = 1
 ACL_HBM_MEM = 1  # aclrtMemAttr
 ACL_ERROR_REPEAT_INITIALIZE = 100002
 PROBE_TIMEOUT_S = 120.0
-CANN_HINT = ("install the CANN toolkit (it ships pyACL) and 'source /usr/local/Ascend/ascend-toolkit/set_env.sh'; "
-             "VOSTREAM_FAKE_ACL=1 uses the in-package fake instead")
+CANN_HINT = "install the CANN toolkit (it ships pyACL) and 'source /usr/local/Ascend/ascend-toolkit/set_env.sh'"
 
 
 @dataclass
@@ -96,10 +95,6 @@ def check_onnx() -> Check:
                                    f"(providers: {', '.join(providers)})", data)
     return Check("onnx", OK, f"onnxruntime {ort.__version__}; providers {', '.join(providers)}; "
                              f"CUDA {'yes' if cuda else 'no'}, TensorRT {'yes' if trt else 'no'}", data)
-
-
-def _fake_requested() -> bool:
-    return os.environ.get("VOSTREAM_FAKE_ACL", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def probe_acl_module(acl: Any, device_id: int = 0) -> dict[str, Any]:
@@ -159,6 +154,7 @@ def _acl_probe_child(device_id: int) -> None:
     try:
         info = probe_acl_module(acl, device_id)
         info["module"] = getattr(acl, "__file__", None)
+        info["fake"] = bool(getattr(acl, "__vostream_fake__", False))
     except Exception as exc:  # noqa: BLE001
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
         return
@@ -184,24 +180,11 @@ def _acl_detail(info: dict[str, Any], cann: str | None) -> str:
 
 
 def check_acl(device_id: int = 0) -> Check:
-    """pyACL: the fake when ``VOSTREAM_FAKE_ACL=1``, else a real ``acl`` probed in a child process."""
+    """pyACL (``import acl``), probed in a child process."""
     from vostream.pipeline.apps.export.atc import detect_cann_version
 
     cann, cann_src = detect_cann_version()
     loaded = sys.modules.get("acl")
-    fake_loaded = loaded is not None and bool(getattr(loaded, "__vostream_fake__", False))
-    if _fake_requested() or fake_loaded:
-        import fake_acl as acl_fake  # tests/fake_acl.py (tests/ on sys.path)
-
-        acl = acl_fake.install()
-        try:
-            info = probe_acl_module(acl, device_id)
-        except Exception as exc:  # noqa: BLE001
-            return Check("acl", FAIL, f"fake pyACL (VOSTREAM_FAKE_ACL=1): {exc}", {"fake": True})
-        info.update(fake=True, device_id=device_id, cann_version=None)
-        why = "VOSTREAM_FAKE_ACL=1" if _fake_requested() else "already installed in this process"
-        return Check("acl", OK, f"fake pyACL ({why}; ONNX Runtime on CPU, no NPU): "
-                                + _acl_detail(info, None), info)
     try:
         found = loaded is not None or importlib.util.find_spec("acl") is not None
     except (ImportError, ValueError):
@@ -223,13 +206,17 @@ def check_acl(device_id: int = 0) -> Check:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return Check("acl", FAIL, f"pyACL probe crashed ({why}): {tail}", {"fake": False, "cann_version": cann})
     info = json.loads(lines[-1])
-    info.update(fake=False, device_id=device_id, cann_version=cann)
+    info.setdefault("fake", False)
+    info.update(device_id=device_id, cann_version=cann)
     if "import_error" in info:
         return Check("acl", MISSING, f"pyACL found but 'import acl' fails ({info['import_error']}): {CANN_HINT}",
                      info)
     if "error" in info:
         return Check("acl", FAIL, f"pyACL imports but the device probe failed: {info['error']} (is the NPU driver "
                                   "installed? npu-smi info)", info)
+    if info["fake"]:
+        return Check("acl", OK, f"fake pyACL ({info.get('module')}; ONNX Runtime on CPU, no NPU): "
+                                + _acl_detail(info, None), info)
     return Check("acl", OK, "pyACL: " + _acl_detail(info, cann), info)
 
 
@@ -453,10 +440,11 @@ def add_doctor_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], 
     """Add ``doctor`` to the ``vostream`` subcommands (``add_common`` adds --quiet/--verbose/--debug)."""
     p = sub.add_parser("doctor", help="report which backends (classic, onnx, acl) can run here, and why not",
                        description="Checks the classic tracker, ONNX Runtime (and its CUDA / TensorRT providers), "
-                                   "pyACL / CANN / the NPU (VOSTREAM_FAKE_ACL=1: the fake), atc, the export "
-                                   "dependencies and media tools. With --model DIR: runs two synthetic frames on "
-                                   "onnx (CPU) and, where possible, on acl, and compares the masks. Exit code 0 "
-                                   "unless a --model check fails. Reference: docs/ascend.md.")
+                                   "pyACL / CANN / the NPU, atc, the export dependencies and media tools. With --model "
+                                   "DIR: runs two synthetic frames on onnx (CPU) and, where possible, on acl, and "
+                                   "compares the masks. Exit code 0 unless a --model check fails. Without an NPU, "
+                                   "from a source checkout, 'python tests/fake_acl.py doctor ...' runs it with the "
+                                   "tests' fake pyACL and fake atc. Reference: docs/ascend.md (sections 8, 9).")
     _add_doctor_arguments(p)
     add_common(p)
     return p

@@ -14,8 +14,8 @@ from .base import InputSpec, Tracker, TrackerSession
 BACKENDS: dict[str, str] = {
     "classic": "vostream.stages.trackers.classic:ClassicTracker",
     # SAM 2.1 / EdgeTAM / SAM 3 tracker exports (``vostream export``) on ONNX Runtime: CPU, CUDA, TensorRT
-    "onnx": "vostream.stages.trackers.sam2:OnnxTracker",
-    "acl": "vostream.stages.trackers.sam2.backends.acl:AclTracker",  # Ascend NPUs via pyACL (docs/ascend.md)
+    "onnx": "vostream.stages.trackers.sam2.tracker:OnnxTracker",
+    "acl": "vostream.stages.trackers.sam2.tracker:AclTracker",  # Ascend NPUs via pyACL (docs/ascend.md)
 }
 
 

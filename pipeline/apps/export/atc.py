@@ -390,7 +390,7 @@ def convert_export(manifest: Manifest | None, export_dir: str | Path, *, soc_ver
     record["warnings"] += check_opset(m.opset, cann)
     for w in record["warnings"]:
         logger.warning("%s", w)
-    tmp = Path(tempfile.mkdtemp(prefix=".atc-", dir=export_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=".atc-", dir=export_dir.resolve()))  # absolute: ATC runs with cwd=tmp
     try:
         cmds = atc_commands(m, export_dir.resolve(), soc_version=soc, precision=precision, k_gears=gears,
                             out_dir=tmp, cfg_dir=export_dir.resolve(), allow_unknown_soc=allow_unknown_soc,

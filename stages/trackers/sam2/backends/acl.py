@@ -1,4 +1,4 @@
-"""``AclRuntime``: the pyACL (AscendCL) implementation of :class:`~.runtime.Runtime`, and the ``acl`` tracker factory.
+"""``AclRuntime``: the pyACL (AscendCL) implementation of :class:`~.runtime.Runtime`.
 
 Design (``docs/sam2-backend.md`` §0, §6; API facts from ``shared/reference/ascend-acl.md``):
 
@@ -22,15 +22,15 @@ Design (``docs/sam2-backend.md`` §0, §6; API facts from ``shared/reference/asc
 * Every non-zero return code becomes a :class:`BackendError` naming the call, the code, its meaning
   (:data:`ACL_ERRORS`) and ``acl.get_recent_err_msg()``.
 
-The real ``acl`` module defines no constants, so the ones used here are defined below.  ``acl`` is imported lazily in
-:class:`AclRuntime`; ``VOSTREAM_FAKE_ACL=1`` installs the in-package fake (:mod:`.acl_fake`) first.
+The real ``acl`` module defines no constants, so the ones used here are defined below.  The ``acl`` module is
+injected: ``AclRuntime(acl=module)`` drives that module (the tests pass the fake, ``tests/fake_acl.py``);
+``acl=None`` imports the real pyACL lazily.  The ``acl`` tracker factory is ``sam2.tracker.AclTracker``.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
 import sys
 import threading
 import time
@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from vostream.pipeline.errors import BackendError, ConfigError
-
 from vostream.stages.trackers.sam2.runtime import (
     DTYPES,
     DeviceBuffer,
@@ -52,9 +51,9 @@ from vostream.stages.trackers.sam2.runtime import (
     check_tensor,
     fmt_shape,
 )
+from vostream.stages.trackers.sam2.session import MAX_POINTS
 
 if TYPE_CHECKING:
-    from vostream.stages.trackers.sam2 import Sam2Tracker
     from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -144,7 +143,7 @@ def atc_dynamic_options(spec: GraphSpec, gears: Sequence[int] = DECODER_GEARS) -
     ``{"input_shape": "...;points:1,-1,2;labels:1,-1;...", "dynamic_dims": "1,1;2,2;...;8,8"}``.  Returns ``{}``
     for a fully static graph.  A graph whose ONNX file has dynamic axes the manifest pins (``spec.shrinkable``:
     memory attention's slot and pointer axes) gets just ``input_shape`` with the manifest's static shapes.  (The fake
-    ``acl`` takes the same strings through ``acl_fake.model_options``.)"""
+    ``acl`` takes the same strings through ``fake_acl.model_options``.)"""
     markers = sum(1 for t in spec.inputs for d in t.shape if isinstance(d, str))
     if not markers:
         if spec.shrinkable:
@@ -162,17 +161,15 @@ def atc_dynamic_options(spec: GraphSpec, gears: Sequence[int] = DECODER_GEARS) -
 
 
 def _import_acl() -> Any:
-    if os.environ.get("VOSTREAM_FAKE_ACL") == "1":
-        import fake_acl as acl_fake  # tests/fake_acl.py (tests/ on sys.path)
-
-        return acl_fake.install()
+    """The real pyACL (``import acl``), or a :class:`BackendError` saying where it comes from."""
     try:
-        import acl
+        import acl  # type: ignore[import-not-found]
     except ImportError as exc:
         raise BackendError(
-            "acl backend: pyACL (the Python module 'acl') is not importable; it comes with the Ascend CANN toolkit "
-            "(source /usr/local/Ascend/ascend-toolkit/set_env.sh, or the set_env.sh of your CANN install, before "
-            f"running vostream); set VOSTREAM_FAKE_ACL=1 to run the CPU fake instead ({exc})") from exc
+            "acl backend: pyACL (the Python module 'acl') is not importable: it comes with the Ascend CANN toolkit, "
+            "which is not installed or not on the path here (install CANN, then source "
+            "/usr/local/Ascend/ascend-toolkit/set_env.sh, or the set_env.sh of your CANN install, before running "
+            f"vostream; 'vostream doctor' checks it) ({exc})") from exc
     return acl
 
 
@@ -231,13 +228,14 @@ class AclRuntime(Runtime):
     """pyACL on one Ascend device: ``.om`` graphs, ``acl.rt.malloc`` buffers, datasets re-pointed per slot.
 
     ``device_id``: the NPU.  ``om_dir``: where the ``.om`` files are (default: the export directory itself).
+    ``acl``: the pyACL module to drive (default ``None``: ``import acl``, the real one; tests inject the fake).
     Thread-safe in the sense the pipeline needs: any thread may call (the context is made current per thread) and
     calls are serialised by a lock (one model must not be executed concurrently).
     """
 
     name = "AclRuntime"
 
-    def __init__(self, device_id: int = 0, om_dir: str | Path | None = None) -> None:
+    def __init__(self, device_id: int = 0, om_dir: str | Path | None = None, acl: Any = None) -> None:
         super().__init__()
         self.device_id = int(device_id)
         self.om_dir = Path(om_dir) if om_dir is not None else None
@@ -254,7 +252,7 @@ class AclRuntime(Runtime):
         self.repoints: dict[str, int] = {}
         #: graph -> how many times a dynamic gear was set (acl.mdl.set_input_dynamic_dims)
         self.gear_sets: dict[str, int] = {}
-        self.acl = _import_acl()
+        self.acl = acl if acl is not None else _import_acl()
         self.is_fake = bool(getattr(self.acl, "__vostream_fake__", False))
         try:
             self._start()
@@ -678,8 +676,6 @@ class AclRuntime(Runtime):
         session allocates (graph I/O other than the bank, pointers and their slot views, the points buffer at
         ``MAX_POINTS``, one extra mask for the zero mask prompt).  Sizes include allocation rounding.  The .om
         models' own work and weight memory was taken at load, so it is already missing from ``free_bytes``."""
-        from vostream.stages.trackers.sam2.session import MAX_POINTS
-
         with self._lock:
             self._enter("plan")
             bank_spec = manifest.graphs["memory_attention"].input("bank")
@@ -867,31 +863,4 @@ def _manifest_name(model_name: str, by_name: Mapping[str, object]) -> str:
     return model_name
 
 
-def AclTracker(model: str | Path | None = None, device_id: int = 0, max_objects: int = 8,
-               om_dir: str | Path | None = None, **options: Any) -> Sam2Tracker:
-    """Backend ``acl``: a SAM-2-family export whose graphs were converted to ``.om`` (ATC), on an Ascend NPU.
-
-    After loading, the device memory for one session of ``max_objects`` objects is planned against free HBM
-    (:meth:`AclRuntime.check_memory`); a plan that does not fit is a :class:`ConfigError` with the numbers."""
-    if options:
-        raise ConfigError(f"acl backend: unknown option(s) {', '.join(sorted(options))}; known: model, device_id, "
-                          "max_objects, om_dir")
-    if model is None:
-        raise ConfigError("--backend acl needs --model DIR (a directory written by 'vostream export', with the "
-                          ".om files converted by ATC next to the .onnx files or in om_dir)")
-    if not isinstance(max_objects, int) or max_objects < 1:
-        raise ConfigError(f"acl backend: max_objects must be an integer >= 1 (got {max_objects!r})")
-    from vostream.stages.trackers.sam2 import Sam2Tracker
-    from vostream.stages.trackers.sam2.manifest import load_manifest
-
-    load_manifest(model)  # a clear error for a bad directory before the device is touched
-    tracker = Sam2Tracker(model, AclRuntime(device_id=device_id, om_dir=om_dir), max_objects=max_objects)
-    try:
-        tracker.runtime.check_memory(tracker.manifest, max_objects)  # type: ignore[attr-defined]
-    except BaseException:
-        tracker.close()
-        raise
-    return tracker
-
-
-__all__ = ["ACL_ERRORS", "DECODER_GEARS", "AclRuntime", "AclTracker", "atc_dynamic_options", "describe_error"]
+__all__ = ["ACL_ERRORS", "DECODER_GEARS", "AclRuntime", "atc_dynamic_options", "describe_error"]
