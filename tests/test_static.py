@@ -19,6 +19,8 @@ def test_mypy_clean(tmp_path):
     pkg.mkdir()
     for name in PACKAGES:
         (pkg / name).symlink_to(ROOT / name)
+    (pkg / "__init__.py").symlink_to(ROOT / "pipeline" / "api" / "__init__.py")  # the facade (package-dir)
+    (pkg / "py.typed").symlink_to(ROOT / "pipeline" / "api" / "py.typed")
     r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
                         "--cache-dir", str(tmp_path / ".mypy_cache"), "-p", "vostream"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
