@@ -51,6 +51,22 @@ class Frame:
         return float(self.pts * self.time_base)
 
 
+def outside_frame(points: Any, box: Any, width: int, height: int) -> str | None:
+    """What lies outside a ``width`` x ``height`` frame (``"point (x, y) is outside ..."``), or ``None``.
+
+    The one bounds rule for prompts wherever they come from (command line, prompts files, the viewer): points
+    need ``0 <= x < width`` and ``0 <= y < height``; a box may touch the far edges (``x1 <= width``)."""
+    for x, y in points:
+        if not (0 <= x < width and 0 <= y < height):
+            return (f"point ({x:g}, {y:g}) is outside the {width}x{height} frame "
+                    f"(valid x 0..{width - 1}, y 0..{height - 1})")
+    if box is not None:
+        x0, y0, x1, y1 = box
+        if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
+            return f"box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is outside the {width}x{height} frame"
+    return None
+
+
 @dataclass(frozen=True, eq=False)
 class Prompt:
     """Points, a box and/or a mask for one object on one frame.
@@ -116,17 +132,9 @@ class Prompt:
     def check_bounds(self, width: int, height: int, source: str = "") -> None:
         """Raise :class:`PromptError` if a point or box lies outside a ``width`` x ``height`` frame."""
         where = f" of {source}" if source else ""
-        for x, y in self.points:
-            if not (0 <= x < width and 0 <= y < height):
-                raise PromptError(
-                    f"object {self.obj_id}: point ({x:g}, {y:g}) is outside the {width}x{height} frame{where} "
-                    f"(valid x 0..{width - 1}, y 0..{height - 1})")
-        if self.box is not None:
-            x0, y0, x1, y1 = self.box
-            if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
-                raise PromptError(
-                    f"object {self.obj_id}: box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is outside the "
-                    f"{width}x{height} frame{where}")
+        problem = outside_frame(self.points, self.box, width, height)
+        if problem is not None:
+            raise PromptError(f"object {self.obj_id}: {problem}{where}")
         if self.mask is not None and self.mask.shape != (height, width):
             raise PromptError(
                 f"object {self.obj_id}: mask prompt is {self.mask.shape[1]}x{self.mask.shape[0]} but the frame{where} "
@@ -281,4 +289,6 @@ class ResetTracker:
 Control = Prompt | RemoveObject | ResetTracker
 
 
-__all__ = ["Control", "Frame", "Prompt", "RemoveObject", "ResetTracker", "TrackResult", "boxes_from_masks"]
+__all__ = [
+    "Control", "Frame", "Prompt", "RemoveObject", "ResetTracker", "TrackResult", "boxes_from_masks", "outside_frame",
+]

@@ -386,6 +386,20 @@ def test_cli_serve_parser() -> None:
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2  # no --token: refused, one line
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("--max-objects", "0", "max objects must be 1..255"),
+    ("--max-objects", "256", "max objects must be 1..255"),
+    ("--fps", "0", "fps must be > 0"),
+])
+def test_cli_serve_rejects_bad_session_options(option: str, value: str, message: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Session options are validated where they are built: the server never starts with them."""
+    from vostream.pipeline.apps.cli import main
+
+    assert main(["serve", "--port", "0", option, value]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_masks_match_rle(server: ServerThread) -> None:
     ws, _ = opened(server.port)
     with ws:

@@ -41,10 +41,11 @@ from vostream.pipeline.errors import (
 )
 from vostream.pipeline.stage import BLOCK, Sink, SinkSpec
 from vostream.pipeline.types import Control, Frame, Prompt, RemoveObject, ResetTracker, TrackResult
+from vostream.pipeline.version import package_version
 from vostream.stages.sources import open_source
 from vostream.stages.trackers import Tracker, load_tracker
 
-__version__ = "0.1.0"
+__version__ = package_version()
 
 
 def prompts_from(point: tuple[float, float] | Sequence[tuple[float, float]] | None = None,

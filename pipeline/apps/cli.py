@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vostream.pipeline.apps.config import PROVIDERS
-from vostream.pipeline.errors import ConfigError, PromptError, VostreamError, describe
+from vostream.pipeline.errors import ConfigError, Interrupted, PromptError, VostreamError, describe
+from vostream.pipeline.version import package_version
 
 logger = logging.getLogger("vostream")
 
@@ -113,7 +114,7 @@ def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Any]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vostream", description="Streaming video object tracking: click an object, follow it with masks.")
-    parser.add_argument("--version", action="version", version=f"vostream {_version()}")
+    parser.add_argument("--version", action="version", version=f"vostream {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     t = sub.add_parser("track", help="track objects through a video file or frames directory",
@@ -231,15 +232,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("vostream")
-    except Exception:  # noqa: BLE001 - not installed as a distribution
-        return "unknown"
-
-
 def _settings_from_args(args: argparse.Namespace) -> Any:
     from vostream.pipeline.apps.config import load_config, merge_settings
 
@@ -354,8 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             logger.exception("failed")
         print(f"vostream: error: {describe(exc)}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("vostream: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Interrupted (outputs finalised) or a Ctrl-C outside a run
+        print(f"vostream: {describe(exc) if isinstance(exc, Interrupted) else 'interrupted'}", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - last resort: one line, not a traceback dump
         if args.debug:

@@ -19,10 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from vostream.pipeline.errors import BackendError, ConfigError
 
-from vostream.stages.trackers.sam2.manifest import FORMAT_VERSION, MANIFEST_NAME, GraphSpec, Manifest, TensorSpec
 from vostream.pipeline.apps.export.families import Family, family_for, resize_config
+from vostream.pipeline.errors import BackendError, ConfigError
+from vostream.pipeline.version import package_version
+from vostream.stages.trackers.sam2.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    GraphSpec,
+    Manifest,
+    TensorSpec,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +325,13 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
     if image_size is not None and image_size != trained_size:
         say(f"resizing from {trained_size} to {image_size} px")
         net = resize_model(net, family, image_size)
-    from vostream.pipeline.apps.export.wrappers import DecoderGraph, ImageEncoderGraph, MemoryAttentionGraph, MemoryEncoderGraph, top_grid
+    from vostream.pipeline.apps.export.wrappers import (
+        DecoderGraph,
+        ImageEncoderGraph,
+        MemoryAttentionGraph,
+        MemoryEncoderGraph,
+        top_grid,
+    )
 
     cfg = net.config
     S = int(cfg.image_size)
@@ -445,12 +458,7 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
             "no_obj_score": -1024.0,
             "mask_prompt_scale": 20.0, "mask_prompt_bias": -10.0,
         }
-        try:
-            from importlib.metadata import version
-
-            vs_version = version("vostream")
-        except Exception:  # noqa: BLE001
-            vs_version = "unknown"
+        vs_version = package_version()
         import onnx
         import onnxruntime
 

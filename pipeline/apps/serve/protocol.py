@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 
 from vostream.pipeline.errors import ConfigError
+from vostream.pipeline.types import outside_frame
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
@@ -248,15 +249,9 @@ def _parse_prompt(msg: dict[str, Any], present: set[str]) -> PromptMsg:
 
 def check_prompt_range(p: PromptMsg, width: int, height: int) -> None:
     """Raise ``out_of_range`` when a point or the box lies outside a ``width`` x ``height`` frame."""
-    for i, (x, y) in enumerate(p.points):
-        if not (0 <= x < width and 0 <= y < height):
-            raise ProtocolError("out_of_range", f"prompt.points[{i}] ({x:g}, {y:g}) is outside the {width}x{height} "
-                                                f"frame (x 0..{width - 1}, y 0..{height - 1})", "prompt")
-    if p.box is not None:
-        x0, y0, x1, y1 = p.box
-        if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
-            raise ProtocolError("out_of_range", f"prompt.box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is outside the "
-                                                f"{width}x{height} frame", "prompt")
+    problem = outside_frame(p.points, p.box, width, height)
+    if problem is not None:
+        raise ProtocolError("out_of_range", f"prompt: {problem}", "prompt")
 
 
 # -- encoding ------------------------------------------------------------------------------------------------------

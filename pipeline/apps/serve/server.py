@@ -30,13 +30,30 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from vostream.pipeline.errors import ConfigError, VostreamError
 from vostream.pipeline.apps.serve.media import list_sources, resolve_source
 from vostream.pipeline.apps.serve.protocol import (
-    EXPORT_FORMATS, MAX_INFLIGHT, MAX_POINTS, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Ack, Export, Hello, Open, Ping,
-    PromptMsg, ProtocolError, Remove, Seek, Simple, Watch, encode, parse_client_message,
+    EXPORT_FORMATS,
+    MAX_INFLIGHT,
+    MAX_POINTS,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    Ack,
+    Export,
+    Hello,
+    Open,
+    Ping,
+    PromptMsg,
+    ProtocolError,
+    Remove,
+    Seek,
+    Simple,
+    Watch,
+    encode,
+    parse_client_message,
 )
 from vostream.pipeline.apps.serve.session import Session, SessionOptions, TrackerCache
+from vostream.pipeline.errors import ConfigError, VostreamError
+from vostream.pipeline.version import package_version
 
 logger = logging.getLogger(__name__)
 
@@ -382,11 +399,13 @@ class ViewerServer:
         if not self._rate_ok(client):
             if client.refused > 2 * self.config.max_rate:
                 client.closing = True
-                client.ws.protocol.send_binary(encode({"t": "error", "code": "rate_limited", "ref": None,
-                                                       "message": "flooding: closing the connection"}))
-                client.ws.protocol.send_close(1008, "rate limit exceeded")
-                client.ws.send_data()
+                await client.ws.send(encode({"t": "error", "code": "rate_limited", "ref": None,
+                                             "message": "flooding: closing the connection"}))
+                # close() sends the close frame and waits for the client's; the drain reads the rest of the
+                # flood meanwhile, so the closing handshake can complete (see _drain)
+                closing = asyncio.create_task(client.ws.close(1008, "rate limit exceeded"))
                 await self._drain(client)
+                await closing
                 return False
             now = time.monotonic()
             if now - client.last_refused_reply > 0.5:
@@ -432,7 +451,7 @@ class ViewerServer:
         client.slot = ClientSlot(inflight, wake=_waker(loop, client.wake))
         sources = await asyncio.to_thread(list_sources, self.media_root)
         self._send(client, {
-            "t": "hello", "v": PROTOCOL_VERSION, "server": f"vostream {_version()}",
+            "t": "hello", "v": PROTOCOL_VERSION, "server": f"vostream {package_version()}",
             "caps": {"versions": list(SUPPORTED_VERSIONS), "backend": self.config.session.backend,
                      "max_objects": self.config.session.max_objects, "max_points": MAX_POINTS,
                      "max_message_bytes": self.config.max_message_bytes, "max_rate": self.config.max_rate,
@@ -614,6 +633,7 @@ class _Collector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         families: dict[str, Any] = {}
+        names: dict[str, list[str]] = {}  # each family's label names, in the order its values are given
         for session in list(self.server.sessions.values()):
             if session.pipeline is None:
                 continue
@@ -626,10 +646,11 @@ class _Collector:
                                                             labels=sorted(labels))
                     else:
                         families[key] = GaugeMetricFamily(name, f"pipeline node {name}", labels=sorted(labels))
+                    names[key] = sorted(labels)
                 fam = families[key]
-                if sorted(labels) != list(fam._labelnames):
+                if sorted(labels) != names[key]:
                     continue
-                fam.add_metric([labels[k] for k in fam._labelnames], value)
+                fam.add_metric([labels[k] for k in names[key]], value)
         yield from families.values()
         clients = GaugeMetricFamily("vostream_viewer_clients", "connected viewer clients")
         clients.add_metric([], len(self.server.clients))
@@ -652,15 +673,6 @@ class _Collector:
                     glass.add_metric([str(client.cid), q], v)
         yield drops
         yield glass
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("vostream")
-    except Exception:  # noqa: BLE001 - not installed as a distribution
-        return "unknown"
 
 
 class ServerThread:

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -251,6 +251,17 @@ class SessionOptions:
     out_dir: str | None = None  # when set, each session also writes file sinks under out_dir/<session>/
     save: tuple[str, ...] = ("json", "mot")
     queue_size: int = 1  # interactive: a short pipeline keeps glass-to-glass latency low (block edges stay lossless)
+
+    def __post_init__(self) -> None:
+        """Every value is checked here, so no server can be built with a bad one (``--max-objects 0``)."""
+        if not 1 <= self.max_objects <= 255:
+            raise ConfigError(f"max objects must be 1..255 (one PNG label each), got {self.max_objects}")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ConfigError(f"JPEG quality must be 1..100, got {self.jpeg_quality}")
+        if not (self.fps > 0 and self.fps < 1000):
+            raise ConfigError(f"fps must be > 0 and < 1000, got {self.fps}")
+        if self.queue_size < 1:
+            raise ConfigError(f"queue size must be >= 1, got {self.queue_size}")
 
 
 class Session:
@@ -518,12 +529,6 @@ class Session:
         shutil.rmtree(work, ignore_errors=True)
         self.exports[fmt] = target
         return target, len(items)
-
-
-def check_options(options: SessionOptions) -> SessionOptions:
-    if options.max_objects < 1 or options.max_objects > 255:
-        raise ConfigError(f"max_objects must be 1..255, got {options.max_objects}")
-    return replace(options)
 
 
 __all__ = ["ControllableSource", "Session", "SessionOptions"]
