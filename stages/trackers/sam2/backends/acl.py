@@ -41,16 +41,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from vostream.pipeline.errors import BackendError, ConfigError
-from vostream.stages.trackers.sam2.runtime import (
-    DTYPES,
-    DeviceBuffer,
-    Runtime,
-    check_bound_names,
-    check_no_overlap,
-    check_tensor,
-    fmt_shape,
-)
+from vostream.stages.trackers.sam2.backends.binding import Allocation, BindingRuntime, fmt_shape
+from vostream.stages.trackers.sam2.runtime import DTYPES, DeviceBuffer
 from vostream.stages.trackers.sam2.session import MAX_POINTS
 
 if TYPE_CHECKING:
@@ -123,7 +117,6 @@ RESERVE_BYTES = 64 << 20
 #: tensors that are per object (bank, pointer ring) or views of them, not session scratch
 _PER_OBJECT = {"bank", "ptrs", "maskmem", "obj_ptr"}
 
-_HANDLES = itertools.count(1)       # DeviceBuffer handles, unique across runtimes
 _RUNTIME_IDS = itertools.count(1)   # one token per runtime for the per-thread context cache
 _TLS = threading.local()            # .token: the runtime whose context this thread made current last
 _INIT_LOCK = threading.Lock()
@@ -184,13 +177,6 @@ def _footprint(nbytes: int) -> int:
 
 
 @dataclass
-class _Alloc:
-    ptr: int
-    nbytes: int
-    name: str
-
-
-@dataclass
 class _Tensor:
     """One model input/output as the .om describes it, matched to its manifest entry."""
 
@@ -224,7 +210,7 @@ class _Graph:
     bound: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # (kind, index) -> (addr, size)
 
 
-class AclRuntime(Runtime):
+class AclRuntime(BindingRuntime[Allocation]):
     """pyACL on one Ascend device: ``.om`` graphs, ``acl.rt.malloc`` buffers, datasets re-pointed per slot.
 
     ``device_id``: the NPU.  ``om_dir``: where the ``.om`` files are (default: the export directory itself).
@@ -241,7 +227,6 @@ class AclRuntime(Runtime):
         self.om_dir = Path(om_dir) if om_dir is not None else None
         self._token = next(_RUNTIME_IDS)
         self._lock = threading.RLock()
-        self._allocs: dict[int, _Alloc] = {}
         self._graphs: dict[str, _Graph] = {}
         self._closed = False
         self._ctx = 0
@@ -577,14 +562,7 @@ class AclRuntime(Runtime):
         """A zero-filled device buffer (``acl.rt.malloc`` + ``acl.rt.memset``), its size rounded up to 64 bytes."""
         with self._lock:
             self._enter("alloc")
-            if dtype not in DTYPES:
-                raise BackendError(f"{self.name}.alloc({name or '?'}): unsupported dtype {dtype!r} "
-                                   f"(supported: {', '.join(DTYPES)})")
-            shape = tuple(shape)
-            if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
-                raise BackendError(f"{self.name}.alloc({name or '?'}): bad shape {shape}")
-            shape = tuple(int(d) for d in shape)
-            nbytes = prod(shape) * DTYPES[dtype].itemsize
+            shape, nbytes = self._alloc_args(shape, dtype, name)
             size = max(_align(nbytes, IO_ALIGN), IO_ALIGN)
             where = f"alloc({name or '?'})"
             ptr = self._pair(self.acl.rt.malloc(size, ACL_MEM_MALLOC_HUGE_FIRST), where, "acl.rt.malloc",
@@ -594,37 +572,14 @@ class AclRuntime(Runtime):
             except BaseException:
                 self.acl.rt.free(ptr)
                 raise
-            handle = next(_HANDLES)
-            self._allocs[handle] = _Alloc(int(ptr), nbytes, name)
-            return DeviceBuffer(handle, 0, shape, dtype, nbytes, name)
-
-    def view(self, buf: DeviceBuffer, offset_elems: int, shape: tuple[int, ...]) -> DeviceBuffer:
-        """A window into ``buf`` (no copy); see :meth:`Runtime.view`."""
-        self._alloc_of(buf, "view")
-        return super().view(buf, offset_elems, shape)
-
-    def _alloc_of(self, buf: DeviceBuffer, call: str) -> _Alloc:
-        a = self._allocs.get(buf.handle) if isinstance(buf, DeviceBuffer) else None
-        if a is None:
-            what = f"buffer {buf.name or buf.handle}" if isinstance(buf, DeviceBuffer) else type(buf).__name__
-            raise BackendError(f"{self.name}.{call}: {what} is not a live buffer of this runtime (freed, or from "
-                               "another runtime)")
-        if buf.dtype not in DTYPES or buf.nbytes != prod(buf.shape) * DTYPES[buf.dtype].itemsize \
-                or buf.offset < 0 or buf.offset + buf.nbytes > a.nbytes:
-            raise BackendError(f"{self.name}.{call}: buffer {buf.name or buf.handle} window [{buf.offset}, "
-                               f"+{buf.nbytes}) {buf.dtype}{fmt_shape(buf.shape)} does not fit its {a.nbytes}-byte "
-                               "allocation")
-        return a
+            return self._register(Allocation(int(ptr), nbytes, name), shape, dtype, name)
 
     def upload(self, dst: DeviceBuffer, src: np.ndarray) -> None:
         """Copy ``src`` (same dtype and number of elements as ``dst``) host -> device with ``acl.rt.memcpy``."""
         with self._lock:
             self._enter("upload")
             a = self._alloc_of(dst, "upload")
-            src = np.asarray(src)
-            if src.dtype != DTYPES[dst.dtype] or src.size != dst.size:
-                raise BackendError(f"{self.name}.upload({dst.name or dst.handle}): source "
-                                   f"{src.dtype}{list(src.shape)} does not match buffer {dst.dtype}{list(dst.shape)}")
+            src = self._upload_source(dst, src)
             if dst.nbytes:
                 host = np.ascontiguousarray(src)
                 # the address numpy_to_ptr would return, without its per-call deprecation warning
@@ -638,13 +593,7 @@ class AclRuntime(Runtime):
         with self._lock:
             self._enter("download")
             a = self._alloc_of(src, "download")
-            dt = DTYPES[src.dtype]
-            if out is None:
-                out = np.empty(src.shape, dt)
-            elif out.dtype != dt or out.shape != src.shape or not out.flags.c_contiguous or not out.flags.writeable:
-                raise BackendError(f"{self.name}.download({src.name or src.handle}): out {out.dtype}"
-                                   f"{list(out.shape)} must be a writeable C-contiguous {src.dtype}{list(src.shape)} "
-                                   "array")
+            out = self._download_target(src, out)
             if src.nbytes:
                 self._check(self.acl.rt.memcpy(int(out.ctypes.data), src.nbytes, a.ptr + src.offset, src.nbytes,
                                                ACL_MEMCPY_DEVICE_TO_HOST),
@@ -657,15 +606,8 @@ class AclRuntime(Runtime):
         """Release the allocation behind ``buf`` (any view of it) with ``acl.rt.free``."""
         with self._lock:
             self._enter("free")
-            a = self._allocs.pop(buf.handle, None)
-            if a is None:
-                raise BackendError(f"{self.name}.free: buffer {buf.name or buf.handle} is not live (double free, or "
-                                   "from another runtime)")
+            a = self._forget(buf)
             self._check(self.acl.rt.free(a.ptr), f"free({a.name or buf.handle})", "acl.rt.free")
-
-    def live_buffers(self) -> int:
-        """How many allocations are alive (0 after :meth:`close`)."""
-        return len(self._allocs)
 
     # -- memory plan -------------------------------------------------------------------------------------------------
     def plan(self, manifest: Manifest, objects: int, sessions: int = 1,
@@ -736,24 +678,20 @@ class AclRuntime(Runtime):
                 raise BackendError(f"{self.name}.run: graph {graph!r} is not loaded (loaded: "
                                    f"{', '.join(self._graphs) or 'none'})")
             where = f"run({graph!r})"
-            addrs: dict[tuple[str, int], tuple[int, int]] = {}
-            spans: list[tuple[str, str, int, int, int]] = []
-            syms: dict[str, tuple[int, str]] = {}
-            for kind, tensors, given in (("input", g.inputs, inputs), ("output", g.outputs, outputs)):
-                check_bound_names(f"{self.name}.{where}", kind, [t.spec.name for t in tensors], given)
-                for t in tensors:
-                    n = t.spec.name
-                    buf = check_tensor(f"{self.name}.{where}", kind, t.spec, given.get(n), syms)
-                    a = self._alloc_of(buf, f"{where} {kind} {n!r}")
-                    addr = a.ptr + buf.offset
-                    if addr % IO_ALIGN:
-                        raise BackendError(f"{self.name}.{where}: {kind} {n!r} is bound to buffer "
-                                           f"{buf.name or buf.handle} at byte offset {buf.offset}, address "
-                                           f"0x{addr:x} is not {IO_ALIGN}-byte aligned (model I/O must be; slot sizes "
-                                           f"must be multiples of {IO_ALIGN} bytes)")
-                    addrs[(kind, t.index)] = (addr, buf.nbytes)
-                    spans.append((kind, n, buf.handle, buf.offset, buf.offset + buf.nbytes))
-            check_no_overlap(f"{self.name}.{where}", spans)
+
+            def aligned(kind: str, n: str, buf: DeviceBuffer, addr: int) -> None:
+                if addr % IO_ALIGN:
+                    raise BackendError(f"{self.name}.{where}: {kind} {n!r} is bound to buffer "
+                                       f"{buf.name or buf.handle} at byte offset {buf.offset}, address "
+                                       f"0x{addr:x} is not {IO_ALIGN}-byte aligned (model I/O must be; slot sizes "
+                                       f"must be multiples of {IO_ALIGN} bytes)")
+
+            bound, syms = self._check_bindings(graph, f"{self.name}.{where}",
+                                               (("input", [t.spec for t in g.inputs], inputs),
+                                                ("output", [t.spec for t in g.outputs], outputs)), aligned)
+            index = {(kind, t.spec.name): t.index for kind, ts in (("input", g.inputs), ("output", g.outputs))
+                     for t in ts}
+            addrs = {(b.kind, index[(b.kind, b.spec.name)]): (b.addr, b.buf.nbytes) for b in bound}
             self._bind(g, where, addrs)
             if g.dyn_index >= 0:
                 self._set_gear(g, where, syms)

@@ -21,28 +21,19 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import glob
-import itertools
 import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from vostream.pipeline.errors import BackendError
 
-from vostream.stages.trackers.sam2.runtime import (
-    DTYPES,
-    DeviceBuffer,
-    Runtime,
-    check_bound_names,
-    check_no_overlap,
-    check_tensor,
-    fmt_shape,
-)
+from vostream.pipeline.errors import BackendError
+from vostream.stages.trackers.sam2.backends.binding import Allocation, BindingRuntime, fmt_shape
+from vostream.stages.trackers.sam2.runtime import DTYPES, DeviceBuffer
 
 if TYPE_CHECKING:
     from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec
@@ -70,8 +61,6 @@ _ORT_TYPES: dict[str, str] = {
 }
 
 _ALIGN = 64
-#: buffer handles are unique across all OrtRuntime instances, so a buffer from another runtime is never mistaken
-_HANDLES = itertools.count(1)
 
 
 def _import_ort() -> Any:
@@ -84,12 +73,9 @@ def _import_ort() -> Any:
 
 
 @dataclass
-class _Alloc:
+class _Alloc(Allocation):
     """One allocation: ``nbytes`` at address ``ptr``; ``host`` (CPU) or ``dev`` (a CUDA ``OrtValue``) owns it."""
 
-    nbytes: int
-    ptr: int
-    name: str
     host: np.ndarray | None = None
     dev: Any = None
 
@@ -171,7 +157,7 @@ class _CudaRT:
         self._check(self.lib.cudaDeviceSynchronize(), what)
 
 
-class OrtRuntime(Runtime):
+class OrtRuntime(BindingRuntime[_Alloc]):
     """ONNX Runtime on CPU, CUDA or TensorRT.  One device, one driving thread; not thread-safe.
 
     ``providers``: ONNX Runtime provider names or the short names ``cpu``, ``cuda``, ``tensorrt`` (TensorRT, CUDA,
@@ -209,7 +195,6 @@ class OrtRuntime(Runtime):
             session_options.intra_op_num_threads = int(threads)
         self._so = session_options
         self._graphs: dict[str, _Graph] = {}
-        self._allocs: dict[int, _Alloc] = {}
         self._cudart: _CudaRT | None = None
         self._closed = False
         #: ``"graph/output" -> count`` of runs where ORT did not write into the bound buffer and a copy was needed
@@ -342,49 +327,23 @@ class OrtRuntime(Runtime):
     def alloc(self, shape: tuple[int, ...], dtype: str, name: str = "") -> DeviceBuffer:
         """A zero-filled buffer: a 64-byte-aligned NumPy byte block on CPU, an ORT CUDA allocation on CUDA."""
         self._check_open("alloc")
-        if dtype not in DTYPES:
-            raise BackendError(f"OrtRuntime.alloc({name or '?'}): unsupported dtype {dtype!r} "
-                               f"(supported: {', '.join(DTYPES)})")
-        shape = tuple(shape)
-        if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
-            raise BackendError(f"OrtRuntime.alloc({name or '?'}): bad shape {shape}")
-        shape = tuple(int(d) for d in shape)
-        nbytes = prod(shape) * DTYPES[dtype].itemsize
-        handle = next(_HANDLES)
+        shape, nbytes = self._alloc_args(shape, dtype, name)
         if self._device_type == "cpu":
             raw = np.zeros(nbytes + _ALIGN, np.uint8)
             start = -raw.ctypes.data % _ALIGN
             host = raw[start:start + nbytes]
-            self._allocs[handle] = _Alloc(nbytes, host.ctypes.data, name, host=host)
-        else:
-            try:
-                ov = self._ort.OrtValue.ortvalue_from_numpy(np.zeros(max(nbytes, 1), np.uint8), "cuda",
-                                                           self.device_id)
-            except Exception as exc:
-                raise BackendError(f"OrtRuntime.alloc({name or '?'}): cannot allocate {nbytes} bytes on "
-                                   f"cuda:{self.device_id}: {exc}") from exc
-            self._allocs[handle] = _Alloc(nbytes, int(ov.data_ptr()), name, dev=ov)
-        return DeviceBuffer(handle, 0, shape, dtype, nbytes, name)
+            return self._register(_Alloc(host.ctypes.data, nbytes, name, host=host), shape, dtype, name)
+        try:
+            ov = self._ort.OrtValue.ortvalue_from_numpy(np.zeros(max(nbytes, 1), np.uint8), "cuda", self.device_id)
+        except Exception as exc:
+            raise BackendError(f"OrtRuntime.alloc({name or '?'}): cannot allocate {nbytes} bytes on "
+                               f"cuda:{self.device_id}: {exc}") from exc
+        return self._register(_Alloc(int(ov.data_ptr()), nbytes, name, dev=ov), shape, dtype, name)
 
     def view(self, buf: DeviceBuffer, offset_elems: int, shape: tuple[int, ...]) -> DeviceBuffer:
         """A window into ``buf`` (no copy); see :meth:`Runtime.view`."""
         self._check_open("view")
-        self._alloc_of(buf, "view")
         return super().view(buf, offset_elems, shape)
-
-    def _alloc_of(self, buf: DeviceBuffer, call: str) -> _Alloc:
-        """The live allocation behind ``buf``, after checking the window is consistent and inside it."""
-        a = self._allocs.get(buf.handle) if isinstance(buf, DeviceBuffer) else None
-        if a is None:
-            what = f"buffer {buf.name or buf.handle}" if isinstance(buf, DeviceBuffer) else f"{type(buf).__name__}"
-            raise BackendError(f"OrtRuntime.{call}: {what} is not a live buffer of this runtime (freed, or from "
-                               "another runtime)")
-        if buf.dtype not in DTYPES or buf.nbytes != prod(buf.shape) * DTYPES[buf.dtype].itemsize \
-                or buf.offset < 0 or buf.offset + buf.nbytes > a.nbytes:
-            raise BackendError(f"OrtRuntime.{call}: buffer {buf.name or buf.handle} window "
-                               f"[{buf.offset}, +{buf.nbytes}) {buf.dtype}{fmt_shape(buf.shape)} does not fit its "
-                               f"{a.nbytes}-byte allocation")
-        return a
 
     def _host_window(self, a: _Alloc, buf: DeviceBuffer) -> np.ndarray:
         assert a.host is not None
@@ -399,10 +358,7 @@ class OrtRuntime(Runtime):
         """Copy ``src`` (same dtype and number of elements as ``dst``) host -> device; counted in ``stats``."""
         self._check_open("upload")
         a = self._alloc_of(dst, "upload")
-        src = np.asarray(src)
-        if src.dtype != DTYPES[dst.dtype] or src.size != dst.size:
-            raise BackendError(f"OrtRuntime.upload({dst.name or dst.handle}): source {src.dtype}{list(src.shape)} "
-                               f"does not match buffer {dst.dtype}{list(dst.shape)}")
+        src = self._upload_source(dst, src)
         if a.host is not None:
             np.copyto(self._host_window(a, dst), src.reshape(dst.shape))
         elif dst.nbytes:
@@ -423,11 +379,7 @@ class OrtRuntime(Runtime):
         self._check_open("download")
         a = self._alloc_of(src, "download")
         dt = DTYPES[src.dtype]
-        if out is None:
-            out = np.empty(src.shape, dt)
-        elif out.dtype != dt or out.shape != src.shape or not out.flags.c_contiguous or not out.flags.writeable:
-            raise BackendError(f"OrtRuntime.download({src.name or src.handle}): out {out.dtype}{list(out.shape)} must "
-                               f"be a writeable C-contiguous {src.dtype}{list(src.shape)} array")
+        out = self._download_target(src, out)
         if a.host is not None:
             np.copyto(out, self._host_window(a, src))
         elif src.nbytes:
@@ -446,13 +398,7 @@ class OrtRuntime(Runtime):
     def free(self, buf: DeviceBuffer) -> None:
         """Release the allocation behind ``buf`` (any view of it); views of it become invalid."""
         self._check_open("free")
-        if self._allocs.pop(buf.handle, None) is None:
-            raise BackendError(f"OrtRuntime.free: buffer {buf.name or buf.handle} is not live (double free, or from "
-                               "another runtime)")
-
-    def live_buffers(self) -> int:
-        """How many allocations are alive.  Also answers after :meth:`close` (0), for leak checks."""
-        return len(self._allocs)
+        self._forget(buf)
 
     def close(self) -> None:
         """Free every buffer and drop the sessions and bindings.  Idempotent."""
@@ -475,18 +421,10 @@ class OrtRuntime(Runtime):
         if g is None:
             raise BackendError(f"OrtRuntime.run: graph {graph!r} is not loaded (loaded: "
                                f"{', '.join(self._graphs) or 'none'})")
-        where = f"OrtRuntime.run({graph!r})"
-        ptrs: dict[tuple[str, str], int] = {}
-        spans: list[tuple[str, str, int, int, int]] = []    # kind, name, handle, start, end
-        syms: dict[str, tuple[int, str]] = {}
-        for kind, specs, given in (("input", g.inputs, inputs), ("output", g.outputs, outputs)):
-            check_bound_names(where, kind, list(specs), given)
-            for n, spec in specs.items():
-                buf = check_tensor(where, kind, spec, given.get(n), syms)
-                a = self._alloc_of(buf, f"run({graph!r}) {kind} {n!r}")
-                ptrs[(kind, n)] = a.ptr + buf.offset
-                spans.append((kind, n, buf.handle, buf.offset, buf.offset + buf.nbytes))
-        check_no_overlap(where, spans)
+        bound, _ = self._check_bindings(graph, f"OrtRuntime.run({graph!r})",
+                                        (("input", list(g.inputs.values()), inputs),
+                                         ("output", list(g.outputs.values()), outputs)))
+        ptrs = {(b.kind, b.spec.name): b.addr for b in bound}
         b = g.binding
         dev, did = self._device_type, (self.device_id if self._device_type == "cuda" else 0)
         for kind, given in (("input", inputs), ("output", outputs)):
