@@ -42,7 +42,6 @@ from __future__ import annotations
 import bisect
 import collections
 import ctypes
-import hashlib
 import operator
 import os
 import queue
@@ -50,7 +49,6 @@ import sys
 import threading
 import time
 import types
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -1461,26 +1459,6 @@ def _get_recent_err_msg(s: _FakeAcl) -> str | None:
     return message
 
 
-@_api("float16_to_float", "H", None)
-def _float16_to_float(s: _FakeAcl, value: int) -> float:
-    """acl.float16_to_float(bits) -> float (saturating: inf -> +-65536.0, NaN -> 98304.0)."""
-    f = float(np.array([value], np.uint16).view(np.float16)[0])
-    if np.isnan(f):
-        return 98304.0
-    if np.isinf(f):
-        return 65536.0 if f > 0 else -65536.0
-    return f
-
-
-@_api("float_to_float16", "f", None)
-def _float_to_float16(s: _FakeAcl, value: float) -> int:
-    """acl.float_to_float16(x) -> uint16 bits (saturating: NaN/inf -> +-65504)."""
-    if np.isnan(value):
-        value = 65504.0
-    value = float(np.clip(value, -65504.0, 65504.0))
-    return int(np.array([value], np.float32).astype(np.float16).view(np.uint16)[0])
-
-
 @_api("create_data_buffer", "kk", lambda code, _a: 0)
 def _create_data_buffer(s: _FakeAcl, ptr: int, size: int) -> int:
     """acl.create_data_buffer(ptr, size) -> buffer handle (0 on failure).  Only a descriptor: no memory."""
@@ -1498,27 +1476,6 @@ def _destroy_data_buffer(s: _FakeAcl, handle: int) -> int:
     return ACL_SUCCESS
 
 
-@_api("get_data_buffer_addr", "k", None)
-def _get_data_buffer_addr(s: _FakeAcl, handle: int) -> int:
-    """acl.get_data_buffer_addr(buf) -> ptr (0 for an invalid buffer)."""
-    obj = s.objects.get(handle)
-    return obj.addr if isinstance(obj, _DataBuffer) else 0
-
-
-@_api("get_data_buffer_size", "k", None)
-def _get_data_buffer_size(s: _FakeAcl, handle: int) -> int:
-    """acl.get_data_buffer_size(buf) -> size as uint32 (deprecated C API truncates)."""
-    obj = s.objects.get(handle)
-    return obj.size & _U32 if isinstance(obj, _DataBuffer) else 0
-
-
-@_api("get_data_buffer_size_v2", "k", None)
-def _get_data_buffer_size_v2(s: _FakeAcl, handle: int) -> int:
-    """acl.get_data_buffer_size_v2(buf) -> size."""
-    obj = s.objects.get(handle)
-    return obj.size if isinstance(obj, _DataBuffer) else 0
-
-
 @_api("update_data_buffer", "kkk")
 def _update_data_buffer(s: _FakeAcl, handle: int, ptr: int, size: int) -> int:
     """acl.update_data_buffer(buf, ptr, size) -> ret: re-point a buffer (datasets holding it see the change)."""
@@ -1527,80 +1484,9 @@ def _update_data_buffer(s: _FakeAcl, handle: int, ptr: int, size: int) -> int:
     return ACL_SUCCESS
 
 
-@_api("data_type_size", "i", None)
-def _data_type_size(s: _FakeAcl, dtype: int) -> int:
-    """acl.data_type_size(acl_dtype) -> bytes per element (0 for unknown / sub-byte types)."""
-    return _DTYPE_SIZES.get(dtype, 0)
-
-
-@_api("create_tensor_desc", "iOi", lambda code, _a: 0)
-def _create_tensor_desc(s: _FakeAcl, dtype: int, dims: object, fmt: int) -> int:
-    """acl.create_tensor_desc(dtype, dims_list, format) -> handle."""
-    if not isinstance(dims, list):
-        raise TypeError("argument 2 is not list")
-    if not all(isinstance(d, int) for d in dims):
-        raise TypeError("the list argument is not list of int")
-    desc = _TensorDesc(0, dtype, list(dims), fmt)
-    desc.handle = s.new_handle(desc)
-    return desc.handle
-
-
-@_api("destroy_tensor_desc", "k", None)
-def _destroy_tensor_desc(s: _FakeAcl, handle: int) -> None:
-    """acl.destroy_tensor_desc(desc) -> None."""
-    obj = s.objects.get(handle)
-    if isinstance(obj, _TensorDesc):
-        obj.destroyed = True
-        s.kill(handle, "tensor desc")
-
-
 def _tensor_desc(s: _FakeAcl, handle: int) -> _TensorDesc | None:
     obj = s.objects.get(handle)
     return obj if isinstance(obj, _TensorDesc) else None
-
-
-@_api("get_tensor_desc_type", "k", None)
-def _get_tensor_desc_type(s: _FakeAcl, handle: int) -> int:
-    """acl.get_tensor_desc_type(desc) -> acl dtype (-1 if invalid)."""
-    desc = _tensor_desc(s, handle)
-    return desc.dtype if desc else ACL_DT_UNDEFINED
-
-
-@_api("get_tensor_desc_format", "k", None)
-def _get_tensor_desc_format(s: _FakeAcl, handle: int) -> int:
-    """acl.get_tensor_desc_format(desc) -> acl format (-1 if invalid)."""
-    desc = _tensor_desc(s, handle)
-    return desc.fmt if desc else ACL_FORMAT_UNDEFINED
-
-
-@_api("get_tensor_desc_num_dims", "k", None)
-def _get_tensor_desc_num_dims(s: _FakeAcl, handle: int) -> int:
-    """acl.get_tensor_desc_num_dims(desc) -> int."""
-    desc = _tensor_desc(s, handle)
-    return len(desc.dims) if desc else 0
-
-
-@_api("get_tensor_desc_element_count", "k", None)
-def _get_tensor_desc_element_count(s: _FakeAcl, handle: int) -> int:
-    """acl.get_tensor_desc_element_count(desc) -> int."""
-    desc = _tensor_desc(s, handle)
-    return _prod(desc.dims) if desc else 0
-
-
-@_api("get_tensor_desc_size", "k", None)
-def _get_tensor_desc_size(s: _FakeAcl, handle: int) -> int:
-    """acl.get_tensor_desc_size(desc) -> bytes."""
-    desc = _tensor_desc(s, handle)
-    return _prod(desc.dims) * _DTYPE_SIZES.get(desc.dtype, 0) if desc else 0
-
-
-@_api("get_tensor_desc_dim_v2", "kk", _pair)
-def _get_tensor_desc_dim_v2(s: _FakeAcl, handle: int, index: int) -> tuple[int, int]:
-    """acl.get_tensor_desc_dim_v2(desc, index) -> (dim, ret)."""
-    desc = s.lookup(handle, _TensorDesc, "tensor desc", ACL_ERROR_INVALID_PARAM)
-    if index >= len(desc.dims):
-        raise _Fail(ACL_ERROR_INVALID_PARAM, f"tensor desc has {len(desc.dims)} dims, index {index}")
-    return desc.dims[index], ACL_SUCCESS
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1638,12 +1524,6 @@ def _reset_device(s: _FakeAcl, device_id: int) -> int:
     else:
         s.device_refs[device_id] = refs - 1
     return ACL_SUCCESS
-
-
-@_api("rt.get_device", None, _pair)
-def _get_device(s: _FakeAcl) -> tuple[int, int]:
-    """acl.rt.get_device() -> (device_id, ret)."""
-    return s.need_context("acl.rt.get_device").device, ACL_SUCCESS
 
 
 @_api("rt.get_device_count", None, _pair)
@@ -1692,18 +1572,6 @@ def _set_context(s: _FakeAcl, handle: int) -> int:
     return ACL_SUCCESS
 
 
-@_api("rt.get_context", None, _pair)
-def _get_context(s: _FakeAcl) -> tuple[int, int]:
-    """acl.rt.get_context() -> (context, ret); (0, 107002) when the thread has none."""
-    return s.need_context("acl.rt.get_context").handle, ACL_SUCCESS
-
-
-@_api("rt.ctx_get_current_default_stream", None, _pair)
-def _ctx_get_current_default_stream(s: _FakeAcl) -> tuple[int, int]:
-    """acl.rt.ctx_get_current_default_stream() -> (stream, ret)."""
-    return s.need_context("acl.rt.ctx_get_current_default_stream").default_stream, ACL_SUCCESS
-
-
 @_api("rt.create_stream", None, _pair)
 def _create_stream(s: _FakeAcl) -> tuple[int, int]:
     """acl.rt.create_stream() -> (stream, ret) in the current context."""
@@ -1738,35 +1606,6 @@ def _synchronize_stream(s: _FakeAcl, handle: int) -> int:
     return s.sync(handle, "acl.rt.synchronize_stream")
 
 
-@_api("rt.synchronize_stream_with_timeout", "ki")
-def _synchronize_stream_with_timeout(s: _FakeAcl, handle: int, timeout_ms: int) -> int:
-    """acl.rt.synchronize_stream_with_timeout(stream, ms) -> ret (the fake never times out by itself)."""
-    return s.sync(handle, "acl.rt.synchronize_stream_with_timeout")
-
-
-@_api("rt.synchronize_device", None)
-def _synchronize_device(s: _FakeAcl) -> int:
-    """acl.rt.synchronize_device() -> ret: drains every stream on the current device."""
-    ctx = s.need_context("acl.rt.synchronize_device")
-    s.counters.syncs += 1
-    streams = [o for o in list(s.objects.values()) if isinstance(o, _Stream) and o.device == ctx.device]
-    first = (0, "")
-    for stream in streams:
-        result = s.drain(stream)
-        first = first if first[0] else result
-    if first[0]:
-        raise _Fail(*first)
-    return ACL_SUCCESS
-
-
-@_api("rt.stream_query", "k", _pair)
-def _stream_query(s: _FakeAcl, handle: int) -> tuple[int, int]:
-    """acl.rt.stream_query(stream) -> (status, ret): NOT_READY (1) while tasks are queued, else COMPLETE (0)."""
-    ctx = s.need_context("acl.rt.stream_query")
-    stream = s.stream_for(handle, ctx, "acl.rt.stream_query")
-    return (ACL_STREAM_STATUS_NOT_READY if stream.queue else ACL_STREAM_STATUS_COMPLETE), ACL_SUCCESS
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # acl.rt.*  memory
 # ----------------------------------------------------------------------------------------------------------------
@@ -1779,54 +1618,10 @@ def _malloc(s: _FakeAcl, size: int, policy: int) -> tuple[int, int]:
     return s.malloc(size, "malloc", 32), ACL_SUCCESS
 
 
-@_api("rt.malloc_cached", "ki", _pair)
-def _malloc_cached(s: _FakeAcl, size: int, policy: int) -> tuple[int, int]:
-    """acl.rt.malloc_cached(size, policy) -> (dev_ptr, ret)."""
-    return s.malloc(size, "malloc_cached", 32), ACL_SUCCESS
-
-
-@_api("rt.malloc_align32", "ki", _pair)
-def _malloc_align32(s: _FakeAcl, size: int, policy: int) -> tuple[int, int]:
-    """acl.rt.malloc_align32(size, policy) -> (dev_ptr, ret): size rounded up to 32 (no extra 32 bytes)."""
-    return s.malloc(size, "malloc_align32", 0), ACL_SUCCESS
-
-
 @_api("rt.free", "k")
 def _free(s: _FakeAcl, ptr: int) -> int:
     """acl.rt.free(dev_ptr) -> ret: only base addresses returned by malloc, once."""
     s.free(ptr)
-    return ACL_SUCCESS
-
-
-@_api("rt.malloc_host", "k", _pair)
-def _malloc_host(s: _FakeAcl, size: int) -> tuple[int, int]:
-    """acl.rt.malloc_host(size) -> (host_ptr, ret): pinned host memory, 64-byte aligned, host-dereferenceable."""
-    s.need_context("acl.rt.malloc_host")
-    if size == 0:
-        raise _Fail(ACL_ERROR_INVALID_PARAM, "acl.rt.malloc_host: size 0 is invalid")
-    if size > 1 << 40:
-        raise _Fail(ACL_ERROR_BAD_ALLOC, f"acl.rt.malloc_host: cannot allocate {size} B")
-    raw = np.zeros(size + 64, np.uint8)
-    offset = (-raw.ctypes.data) % 64
-    view = raw[offset: offset + size]
-    addr = view.ctypes.data
-    alloc = _Alloc(addr, size, size, -1, True, raw, addr, "malloc_host")
-    i = bisect.bisect_left(s.host_bases, addr)
-    s.host_bases.insert(i, addr)
-    s.host_allocs.insert(i, alloc)
-    return addr, ACL_SUCCESS
-
-
-@_api("rt.free_host", "k")
-def _free_host(s: _FakeAcl, ptr: int) -> int:
-    """acl.rt.free_host(host_ptr) -> ret."""
-    s.need_context("acl.rt.free_host")
-    i = bisect.bisect_left(s.host_bases, ptr)
-    if i >= len(s.host_bases) or s.host_bases[i] != ptr:
-        raise _Fail(ACL_ERROR_RT_PARAM_INVALID, f"acl.rt.free_host: {_hex(ptr)} was not returned by malloc_host")
-    del s.host_bases[i]
-    alloc = s.host_allocs.pop(i)
-    alloc.freed, alloc.buf = True, None
     return ACL_SUCCESS
 
 
@@ -1854,37 +1649,6 @@ def _memcpy(s: _FakeAcl, dst: int, dst_max: int, src: int, count: int, kind: int
     return ACL_SUCCESS
 
 
-@_api("rt.memcpy_async", "kkkkik", is_async=True)
-def _memcpy_async(s: _FakeAcl, dst: int, dst_max: int, src: int, count: int, kind: int, handle: int) -> int:
-    """acl.rt.memcpy_async(dst, dst_max, src, count, kind, stream) -> ret: queued on ``stream``."""
-    call = "acl.rt.memcpy_async"
-    ctx = s.need_context(call)
-    stream = s.stream_for(handle, ctx, call)
-    if kind == ACL_MEMCPY_HOST_TO_HOST:
-        raise _Fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, f"{call}: HOST_TO_HOST is not supported asynchronously")
-    sides = _copy_checks(s, call, dst, dst_max, src, count, kind)
-    if sides is None:
-        return ACL_SUCCESS
-    align = s.config.async_align
-    for name, value in (("dst", dst), ("src", src)):
-        if align > 1 and value % align:
-            raise _Fail(ACL_ERROR_RT_ADDR_UNALIGNED, f"{call}: {name} {_hex(value)} is not {align}-byte aligned")
-    if sides == ("host", "host"):
-        raise _Fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, f"{call}: host-to-host copies are not supported")
-
-    def run() -> None:
-        ctypes.memmove(s.span(dst, count, f"queued {call}: dst"), s.span(src, count, f"queued {call}: src"), count)
-
-    task = _Task(f"{call}({_hex(dst)} <- {_hex(src)}, {count} B)", run)
-    s.enqueue(stream, task)
-    s.count_copy(*sides, count, is_async=True)
-    if "host" in sides:  # unpinned host memory: the call returns once the copy is done
-        code, message = s.drain(stream, until=task)
-        if code:
-            raise _Fail(code, message)
-    return ACL_SUCCESS
-
-
 def _memset_checks(s: _FakeAcl, call: str, ptr: int, max_count: int, count: int) -> None:
     s.need_context(call)
     if count > max_count:
@@ -1907,24 +1671,6 @@ def _memset(s: _FakeAcl, ptr: int, max_count: int, value: int, count: int) -> in
     return ACL_SUCCESS
 
 
-@_api("rt.memset_async", "kkikk", is_async=True)
-def _memset_async(s: _FakeAcl, ptr: int, max_count: int, value: int, count: int, handle: int) -> int:
-    """acl.rt.memset_async(ptr, max_count, value, count, stream) -> ret: queued on ``stream``."""
-    call = "acl.rt.memset_async"
-    ctx = s.need_context(call)
-    stream = s.stream_for(handle, ctx, call)
-    _memset_checks(s, call, ptr, max_count, count)
-
-    def run() -> None:
-        if count:
-            ctypes.memset(s.span(ptr, count, f"queued {call}: ptr"), value & 0xFF, count)
-
-    s.enqueue(stream, _Task(f"{call}({_hex(ptr)}, {count} B)", run))
-    s.counters.memset_calls += 1
-    s.counters.memset_bytes += count
-    return ACL_SUCCESS
-
-
 @_api("rt.get_mem_info", "i", lambda code, _a: (0, 0, code))
 def _get_mem_info(s: _FakeAcl, attr: int) -> tuple[int, int, int]:
     """acl.rt.get_mem_info(attr) -> (free, total, ret); ACL_HBM_MEM (1) is what samples use."""
@@ -1942,41 +1688,6 @@ def _get_mem_info(s: _FakeAcl, attr: int) -> tuple[int, int, int]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-@_api("rt.create_event", None, _pair)
-def _create_event(s: _FakeAcl) -> tuple[int, int]:
-    """acl.rt.create_event() -> (event, ret)."""
-    ctx = s.need_context("acl.rt.create_event")
-    event = _Event(0, ctx.handle)
-    event.handle = s.new_handle(event)
-    return event.handle, ACL_SUCCESS
-
-
-@_api("rt.destroy_event", "k")
-def _destroy_event(s: _FakeAcl, handle: int) -> int:
-    """acl.rt.destroy_event(event) -> ret."""
-    event = s.lookup(handle, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-    event.destroyed = True
-    s.kill(handle, "event")
-    return ACL_SUCCESS
-
-
-@_api("rt.record_event", "kk")
-def _record_event(s: _FakeAcl, handle: int, stream_handle: int) -> int:
-    """acl.rt.record_event(event, stream) -> ret: the event completes when the stream reaches it."""
-    ctx = s.need_context("acl.rt.record_event")
-    event = s.lookup(handle, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-    stream = s.stream_for(stream_handle, ctx, "acl.rt.record_event")
-
-    def run() -> None:
-        event.timestamp = time.perf_counter()
-        event.task = None
-
-    task = _Task(f"record_event({_hex(handle)})", run)
-    event.stream, event.task, event.timestamp = stream.handle, task, None
-    s.enqueue(stream, task)
-    return ACL_SUCCESS
-
-
 def _settle_event(s: _FakeAcl, event: _Event) -> tuple[int, str]:
     if event.task is None:
         return 0, ""
@@ -1984,119 +1695,6 @@ def _settle_event(s: _FakeAcl, event: _Event) -> tuple[int, str]:
     if isinstance(stream, _Stream) and event.task in stream.queue:
         return s.drain(stream, until=event.task)
     return 0, ""
-
-
-@_api("rt.synchronize_event", "k")
-def _synchronize_event(s: _FakeAcl, handle: int) -> int:
-    """acl.rt.synchronize_event(event) -> ret: runs the recording stream up to the event."""
-    event = s.lookup(handle, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-    code, message = _settle_event(s, event)
-    if code:
-        raise _Fail(code, message)
-    return ACL_SUCCESS
-
-
-@_api("rt.stream_wait_event", "kk")
-def _stream_wait_event(s: _FakeAcl, stream_handle: int, handle: int) -> int:
-    """acl.rt.stream_wait_event(stream, event) -> ret: later tasks on ``stream`` wait for the event."""
-    ctx = s.need_context("acl.rt.stream_wait_event")
-    stream = s.stream_for(stream_handle, ctx, "acl.rt.stream_wait_event")
-    event = s.lookup(handle, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-
-    def run() -> None:
-        code, message = _settle_event(s, event)
-        if code:
-            raise _Fail(code, f"the event {_hex(handle)} waited for failed: {message}")
-
-    s.enqueue(stream, _Task(f"stream_wait_event({_hex(handle)})", run))
-    return ACL_SUCCESS
-
-
-@_api("rt.query_event_status", "k", _pair)
-def _query_event_status(s: _FakeAcl, handle: int) -> tuple[int, int]:
-    """acl.rt.query_event_status(event) -> (1 if recorded and reached else 0, ret)."""
-    event = s.lookup(handle, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-    done = event.timestamp is not None and event.task is None
-    return (ACL_EVENT_RECORDED_STATUS_COMPLETE if done else ACL_EVENT_RECORDED_STATUS_NOT_READY), ACL_SUCCESS
-
-
-@_api("rt.event_elapsed_time", "kk", lambda code, _a: (0.0, code))
-def _event_elapsed_time(s: _FakeAcl, start: int, end: int) -> tuple[float, int]:
-    """acl.rt.event_elapsed_time(start, end) -> (ms, ret); both events must have completed."""
-    a = s.lookup(start, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-    b = s.lookup(end, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-    if a.timestamp is None or b.timestamp is None:
-        raise _Fail(ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID, "event_elapsed_time: an event has not completed yet")
-    return (b.timestamp - a.timestamp) * 1000.0, ACL_SUCCESS
-
-
-@_api("rt.subscribe_report", "Kk")
-def _subscribe_report(s: _FakeAcl, tid: int, handle: int) -> int:
-    """acl.rt.subscribe_report(thread_id, stream) -> ret: callbacks on ``stream`` run on that thread."""
-    ctx = s.need_context("acl.rt.subscribe_report")
-    stream = s.stream_for(handle, ctx, "acl.rt.subscribe_report")
-    if stream.subscriber is not None:
-        raise _Fail(ACL_ERROR_REPEAT_SUBSCRIBE, f"stream {_hex(handle)} is already subscribed by thread "
-                                                f"{stream.subscriber}")
-    stream.subscriber = tid
-    s.reports.setdefault(tid, queue.Queue())
-    return ACL_SUCCESS
-
-
-@_api("rt.unsubscribe_report", "Kk")
-def _unsubscribe_report(s: _FakeAcl, tid: int, handle: int) -> int:
-    """acl.rt.unsubscribe_report(thread_id, stream) -> ret."""
-    ctx = s.need_context("acl.rt.unsubscribe_report")
-    stream = s.stream_for(handle, ctx, "acl.rt.unsubscribe_report")
-    if stream.subscriber != tid:
-        raise _Fail(ACL_ERROR_STREAM_NOT_SUBSCRIBE, f"stream {_hex(handle)} is not subscribed by thread {tid}")
-    stream.subscriber = None
-    return ACL_SUCCESS
-
-
-@_api("rt.launch_callback", "OOik")
-def _launch_callback(s: _FakeAcl, fn: object, user_data: object, block: int, handle: int) -> int:
-    """acl.rt.launch_callback(fn, user_data, block_type, stream) -> ret: ``fn(user_data)`` runs on the subscribed
-    thread (inside its acl.rt.process_report) once the stream reaches it."""
-    if not callable(fn):
-        raise TypeError("parameter must be callable")
-    ctx = s.need_context("acl.rt.launch_callback")
-    stream = s.stream_for(handle, ctx, "acl.rt.launch_callback")
-    if block not in (ACL_CALLBACK_NO_BLOCK, ACL_CALLBACK_BLOCK):
-        raise _Fail(ACL_ERROR_INVALID_PARAM, f"block_type {block} is not 0 or 1")
-    if stream.subscriber is None:
-        raise _Fail(ACL_ERROR_STREAM_NOT_SUBSCRIBE, f"stream {_hex(handle)} has no subscribed report thread")
-    s.enqueue(stream, _Task(f"callback {getattr(fn, '__name__', fn)!s}", lambda: None, kind="callback",
-                            callback=(fn, user_data, block)))
-    return ACL_SUCCESS
-
-
-@_api("rt.process_report", "i")
-def _process_report(s: _FakeAcl, timeout_ms: int) -> int:
-    """acl.rt.process_report(timeout_ms) -> ret: runs one delivered callback (-1 waits forever)."""
-    tid = threading.get_ident()
-    q = s.reports.get(tid)
-    if q is None or not any(isinstance(o, _Stream) and o.subscriber == tid for o in s.objects.values()):
-        raise _Fail(ACL_ERROR_THREAD_NOT_SUBSCRIBE, f"thread {tid} is not subscribed to any stream")
-    s.lock.release()
-    try:
-        try:
-            fn, user_data, done = q.get(timeout=None if timeout_ms < 0 else timeout_ms / 1000.0)
-        except queue.Empty:
-            fn = None
-        if fn is not None:
-            try:
-                fn(user_data)
-            except Exception:  # noqa: BLE001 - the real wrapper logs and carries on
-                with s.lock:
-                    s.counters.callback_errors += 1
-            finally:
-                done.set()
-    finally:
-        s.lock.acquire()
-    if fn is None:
-        raise _Fail(ACL_ERROR_WAIT_CALLBACK_TIMEOUT, f"no callback arrived within {timeout_ms} ms")
-    return ACL_SUCCESS
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -2119,20 +1717,6 @@ def _load_from_file(s: _FakeAcl, path: str) -> tuple[int, int]:
     return s.load_model(path, path, key).model_id, ACL_SUCCESS
 
 
-@_api("mdl.load_from_mem", "kk", _pair)
-def _load_from_mem(s: _FakeAcl, ptr: int, size: int) -> tuple[int, int]:
-    """acl.mdl.load_from_mem(host_ptr, size) -> (model_id, ret): ONNX bytes at a host address."""
-    s.need_init("acl.mdl.load_from_mem")
-    s.need_context("acl.mdl.load_from_mem")
-    if size == 0:
-        raise _Fail(ACL_ERROR_INVALID_PARAM, "model size 0")
-    if s.where(ptr) == "device":
-        raise _Fail(ACL_ERROR_INVALID_PARAM, f"{_hex(ptr)} is device memory; load_from_mem needs host memory")
-    data = ctypes.string_at(s.span(ptr, size, "model data"), size)
-    key = ("mem", hashlib.sha1(data).hexdigest())
-    return s.load_model(data, f"<memory {_hex(ptr)}>", key).model_id, ACL_SUCCESS
-
-
 @_api("mdl.unload", "I")
 def _unload(s: _FakeAcl, model_id: int) -> int:
     """acl.mdl.unload(model_id) -> ret; must run in the context that loaded the model."""
@@ -2146,15 +1730,6 @@ def _unload(s: _FakeAcl, model_id: int) -> int:
     model.unloaded = True
     del s.models[model_id]
     return ACL_SUCCESS
-
-
-@_api("mdl.query_size", "s", lambda code, _a: (0, 0, code))
-def _query_size(s: _FakeAcl, path: str) -> tuple[int, int, int]:
-    """acl.mdl.query_size(path) -> (work_size, weight_size, ret); the fake reports (0, file size)."""
-    try:
-        return 0, os.path.getsize(path), ACL_SUCCESS
-    except OSError as exc:
-        raise _Fail(ACL_ERROR_INVALID_FILE, f"cannot read model file {path!r}: {exc.strerror}") from None
 
 
 @_api("mdl.create_desc", None, lambda code, _a: 0)
@@ -2241,25 +1816,10 @@ def _get_input_dims(s: _FakeAcl, handle: int, index: int) -> tuple[dict[str, Any
     return _dims(s, handle, index, False, "acl.mdl.get_input_dims")
 
 
-@_api("mdl.get_input_dims_v2", "kk", _dict_pair)
-def _get_input_dims_v2(s: _FakeAcl, handle: int, index: int) -> tuple[dict[str, Any], int]:
-    """acl.mdl.get_input_dims_v2(desc, i) -> (dims dict, ret)."""
-    return _dims(s, handle, index, False, "acl.mdl.get_input_dims_v2")
-
-
 @_api("mdl.get_output_dims", "kk", _dict_pair)
 def _get_output_dims(s: _FakeAcl, handle: int, index: int) -> tuple[dict[str, Any], int]:
     """acl.mdl.get_output_dims(desc, i) -> (dims dict, ret)."""
     return _dims(s, handle, index, True, "acl.mdl.get_output_dims")
-
-
-@_api("mdl.get_cur_output_dims", "kk", _dict_pair)
-def _get_cur_output_dims(s: _FakeAcl, handle: int, index: int) -> tuple[dict[str, Any], int]:
-    """acl.mdl.get_cur_output_dims(desc, i) -> (dims dict of the last execution, ret)."""
-    result, _ = _dims(s, handle, index, True, "acl.mdl.get_cur_output_dims")
-    model = _desc_model(s, handle)
-    assert model is not None
-    return _dims_dict(result["name"], model.cur_output_dims[index]), ACL_SUCCESS
 
 
 @_api("mdl.get_input_name_by_index", "kk", None)
@@ -2290,20 +1850,6 @@ def _get_output_data_type(s: _FakeAcl, handle: int, index: int) -> int:
     return io.acl_dtype if io else ACL_DT_UNDEFINED
 
 
-@_api("mdl.get_input_format", "kk", None)
-def _get_input_format(s: _FakeAcl, handle: int, index: int) -> int:
-    """acl.mdl.get_input_format(desc, i) -> aclFormat (-1 if invalid)."""
-    io = _desc_io(s, handle, index, outputs=False)
-    return io.fmt if io else ACL_FORMAT_UNDEFINED
-
-
-@_api("mdl.get_output_format", "kk", None)
-def _get_output_format(s: _FakeAcl, handle: int, index: int) -> int:
-    """acl.mdl.get_output_format(desc, i) -> aclFormat (-1 if invalid)."""
-    io = _desc_io(s, handle, index, outputs=True)
-    return io.fmt if io else ACL_FORMAT_UNDEFINED
-
-
 def _index_by_name(s: _FakeAcl, handle: int, name: str, outputs: bool, call: str) -> tuple[int, int]:
     s.lookup(handle, _Desc, "model desc", ACL_ERROR_INVALID_PARAM)
     model = _desc_model(s, handle)
@@ -2311,28 +1857,6 @@ def _index_by_name(s: _FakeAcl, handle: int, name: str, outputs: bool, call: str
         if io.name == name:
             return i, ACL_SUCCESS
     raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: no {'output' if outputs else 'input'} named {name!r}")
-
-
-@_api("mdl.get_input_index_by_name", "ks", _pair)
-def _get_input_index_by_name(s: _FakeAcl, handle: int, name: str) -> tuple[int, int]:
-    """acl.mdl.get_input_index_by_name(desc, name) -> (index, ret)."""
-    return _index_by_name(s, handle, name, False, "acl.mdl.get_input_index_by_name")
-
-
-@_api("mdl.get_output_index_by_name", "ks", _pair)
-def _get_output_index_by_name(s: _FakeAcl, handle: int, name: str) -> tuple[int, int]:
-    """acl.mdl.get_output_index_by_name(desc, name) -> (index, ret)."""
-    return _index_by_name(s, handle, name, True, "acl.mdl.get_output_index_by_name")
-
-
-@_api("mdl.get_tensor_real_name", "ks", None)
-def _get_tensor_real_name(s: _FakeAcl, handle: int, name: str) -> str | None:
-    """acl.mdl.get_tensor_real_name(desc, alias) -> the graph's tensor name (None if unknown)."""
-    model = _desc_model(s, handle)
-    for io in (model.inputs + model.outputs) if model else []:
-        if name in (io.name, io.real_name):
-            return io.real_name
-    return None
 
 
 @_api("mdl.create_dataset", None, lambda code, _a: 0)
@@ -2361,30 +1885,6 @@ def _add_dataset_buffer(s: _FakeAcl, handle: int, buffer: int) -> tuple[int, int
     return handle, ACL_SUCCESS
 
 
-@_api("mdl.get_dataset_num_buffers", "k", None)
-def _get_dataset_num_buffers(s: _FakeAcl, handle: int) -> int:
-    """acl.mdl.get_dataset_num_buffers(ds) -> int (0 if invalid)."""
-    ds = s.objects.get(handle)
-    return len(ds.buffers) if isinstance(ds, _Dataset) else 0
-
-
-@_api("mdl.get_dataset_buffer", "kk", None)
-def _get_dataset_buffer(s: _FakeAcl, handle: int, index: int) -> int:
-    """acl.mdl.get_dataset_buffer(ds, i) -> buffer handle (0 if invalid)."""
-    ds = s.objects.get(handle)
-    if isinstance(ds, _Dataset) and index < len(ds.buffers):
-        return ds.buffers[index]
-    return 0
-
-
-@_api("mdl.execute", "Ikk")
-def _execute(s: _FakeAcl, model_id: int, in_ds: int, out_ds: int) -> int:
-    """acl.mdl.execute(model_id, in_ds, out_ds) -> ret (synchronous)."""
-    _model, run = s.prepare_execute(model_id, in_ds, out_ds, "acl.mdl.execute")
-    run()
-    return ACL_SUCCESS
-
-
 @_api("mdl.execute_async", "Ikkk", is_async=True)
 def _execute_async(s: _FakeAcl, model_id: int, in_ds: int, out_ds: int, handle: int) -> int:
     """acl.mdl.execute_async(model_id, in_ds, out_ds, stream) -> ret: queued; runs at synchronize_stream.  Buffer
@@ -2405,20 +1905,6 @@ def _execute_async(s: _FakeAcl, model_id: int, in_ds: int, out_ds: int, handle: 
     model.pending_stream = stream.handle
     s.enqueue(stream, _Task(f"{call}(model {model_id})", run, cleanup=cleanup))
     s.counters.execute_async_calls += 1
-    return ACL_SUCCESS
-
-
-@_api("mdl.set_dynamic_batch_size", "IkkK")
-def _set_dynamic_batch_size(s: _FakeAcl, model_id: int, ds: int, index: int, batch: int) -> int:
-    """acl.mdl.set_dynamic_batch_size(model_id, in_ds, idx, batch) -> ret."""
-    s.write_gear(model_id, ds, index, "batch", (batch,), "acl.mdl.set_dynamic_batch_size")
-    return ACL_SUCCESS
-
-
-@_api("mdl.set_dynamic_hw_size", "IkkKK")
-def _set_dynamic_hw_size(s: _FakeAcl, model_id: int, ds: int, index: int, height: int, width: int) -> int:
-    """acl.mdl.set_dynamic_hw_size(model_id, in_ds, idx, height, width) -> ret (H before W)."""
-    s.write_gear(model_id, ds, index, "hw", (height, width), "acl.mdl.set_dynamic_hw_size")
     return ACL_SUCCESS
 
 
@@ -2448,24 +1934,6 @@ def _set_input_dynamic_dims(s: _FakeAcl, model_id: int, ds: int, index: int, dim
         raise _Fail(ACL_ERROR_MODEL_NOT_DYNAMIC, f"{call}: model {model_id} has no dynamic dims gears (it is "
                                                  f"{model.dyn_kind or 'static'})")
     raise _Fail(ACL_ERROR_GE_SHAPE_INVALID, f"{call}: dims {list(full)} match no compiled gear of model {model_id}")
-
-
-@_api("mdl.get_dynamic_batch", "k", _dict_pair)
-def _get_dynamic_batch(s: _FakeAcl, handle: int) -> tuple[dict[str, Any], int]:
-    """acl.mdl.get_dynamic_batch(desc) -> ({"batchCount", "batch"}, ret)."""
-    s.lookup(handle, _Desc, "model desc", ACL_ERROR_INVALID_PARAM)
-    model = _desc_model(s, handle)
-    batches = [g[0] for g in model.user_gears] if model and model.dyn_kind == "batch" else []
-    return {"batchCount": len(batches), "batch": batches}, ACL_SUCCESS
-
-
-@_api("mdl.get_dynamic_hw", "kk", _dict_pair)
-def _get_dynamic_hw(s: _FakeAcl, handle: int, index: int) -> tuple[dict[str, Any], int]:
-    """acl.mdl.get_dynamic_hw(desc, idx) -> ({"hwCount", "hw": [[h, w], ...]}, ret)."""
-    s.lookup(handle, _Desc, "model desc", ACL_ERROR_INVALID_PARAM)
-    model = _desc_model(s, handle)
-    hws = [list(g) for g in model.user_gears] if model and model.dyn_kind == "hw" else []
-    return {"hwCount": len(hws), "hw": hws}, ACL_SUCCESS
 
 
 @_api("mdl.get_input_dynamic_gear_count", "kk", _pair)
@@ -2508,104 +1976,6 @@ def _host_view(s: _FakeAcl, ptr: int, size: int, call: str) -> int:
     if ptr == 0 or ptr < _MIN_HOST_PTR:
         raise ValueError(f"{call}: {_hex(ptr)} is not a valid host address")
     return ptr
-
-
-@_api("util.bytes_to_ptr", "O", None)
-def _bytes_to_ptr(s: _FakeAcl, data: object) -> int:
-    """acl.util.bytes_to_ptr(b) -> address of the bytes object's own buffer (no copy; writable by memcpy)."""
-    if not isinstance(data, bytes):
-        raise ValueError("needs an byte as argument")  # noqa: TRY004 - pyACL raises ValueError here
-    address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
-    return int(address or 0)
-
-
-@_api("util.ptr_to_bytes", "kk", None)
-def _ptr_to_bytes(s: _FakeAcl, ptr: int, size: int) -> bytes:
-    """acl.util.ptr_to_bytes(host_ptr, size) -> new bytes (a copy)."""
-    if ptr == 0:
-        return bytes(size)
-    return ctypes.string_at(_host_view(s, ptr, size, "acl.util.ptr_to_bytes"), size)
-
-
-@_api("util.numpy_to_ptr", "O", None)
-def _numpy_to_ptr(s: _FakeAcl, array: object) -> int:
-    """acl.util.numpy_to_ptr(ndarray) -> address of its data (no copy); warns that it is deprecated."""
-    warnings.warn("acl.util.numpy_to_ptr will be deprecated. Please use acl.util.bytes_to_ptr instead.",
-                  Warning, stacklevel=3)
-    if not isinstance(array, np.ndarray):
-        raise ValueError("needs an ndarray as argument")  # noqa: TRY004 - pyACL raises ValueError here
-    if not array.flags.c_contiguous:
-        warnings.warn("The input ndarray is discontiguous. Please use acl.util.bytes_to_ptr instead.",
-                      Warning, stacklevel=3)
-    return int(array.__array_interface__["data"][0])
-
-
-@_api("util.numpy_contiguous_to_ptr", "O", None)
-def _numpy_contiguous_to_ptr(s: _FakeAcl, array: object) -> tuple[int, np.ndarray[Any, Any]]:
-    """acl.util.numpy_contiguous_to_ptr(ndarray) -> (ptr, contiguous_array); keep the array alive."""
-    warnings.warn("acl.util.numpy_contiguous_to_ptr will be deprecated. Please use acl.util.bytes_to_ptr instead.",
-                  Warning, stacklevel=3)
-    if not isinstance(array, np.ndarray):
-        raise ValueError("needs an ndarray as argument")  # noqa: TRY004 - pyACL raises ValueError here
-    contiguous = np.ascontiguousarray(array)
-    return int(contiguous.__array_interface__["data"][0]), contiguous
-
-
-@_api("util.ptr_to_numpy", "kOi", None)
-def _ptr_to_numpy(s: _FakeAcl, ptr: int, shape: object, typenum: int) -> np.ndarray[Any, Any]:
-    """acl.util.ptr_to_numpy(host_ptr, shape_tuple, npy_typenum) -> writable ndarray VIEW of host memory."""
-    warnings.warn("acl.util.ptr_to_numpy will be deprecated. Please use acl.util.ptr_to_bytes instead.",
-                  Warning, stacklevel=3)
-    if not isinstance(shape, tuple):
-        raise ValueError("shape is empty")  # noqa: TRY004 - pyACL raises ValueError here
-    if not all(isinstance(d, int) for d in shape):
-        raise TypeError("the second argument is not list of int")
-    dtype = _NPY_TYPES.get(typenum)
-    if dtype is None:
-        raise ValueError(f"{typenum} is not a numpy type number")
-    nbytes = _prod(shape) * dtype.itemsize
-    address = _host_view(s, ptr, nbytes, "acl.util.ptr_to_numpy")
-    raw = (ctypes.c_char * max(nbytes, 1)).from_address(address)
-    return np.frombuffer(memoryview(raw), dtype=dtype, count=_prod(shape)).reshape(shape)
-
-
-@_api("util.start_thread", "OO", lambda code, _a: (0, code))
-def _start_thread(s: _FakeAcl, fn: object, arg: object) -> tuple[int, int]:
-    """acl.util.start_thread(fn, arg) -> (thread_id, ret): ``fn(arg)`` (``fn()`` when arg is None)."""
-    if not callable(fn):
-        raise TypeError("parameter must be callable")
-    record = _Thread(0, threading.Thread())
-
-    def body() -> None:
-        try:
-            fn() if arg is None else fn(arg)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by stop_thread like the real wrapper
-            record.errors.append(f"exception={type(exc).__name__},msg=thread call failed")
-
-    thread = threading.Thread(target=body, name="acl.util.start_thread", daemon=True)
-    record.thread = thread
-    thread.start()
-    assert thread.ident is not None
-    record.tid = thread.ident
-    s.threads[record.tid] = record
-    return record.tid, ACL_SUCCESS
-
-
-@_api("util.stop_thread", "K", None)
-def _stop_thread(s: _FakeAcl, tid: int) -> int:
-    """acl.util.stop_thread(thread_id) -> ret: joins; raises RuntimeError if the thread function raised."""
-    record = s.threads.get(tid)
-    if record is None or record.stopped:
-        return 3  # ESRCH
-    s.lock.release()
-    try:
-        record.thread.join()
-    finally:
-        s.lock.acquire()
-    record.stopped = True
-    if record.errors:
-        raise RuntimeError(";".join(record.errors) + ";")
-    return ACL_SUCCESS
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -2851,6 +2221,7 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     import fake_atc
+
     from vostream.pipeline.apps.cli import main as vostream_main
 
     argv = sys.argv[1:] if argv is None else argv
