@@ -188,133 +188,111 @@ ERROR_NAMES: dict[int, str] = {
 #: Every place where the fake had to guess pyACL behaviour that the reference does not pin down.
 GUESSES: tuple[str, ...] = (
     (
-        "Error code for a freed, unknown or out-of-range device pointer (memcpy, memset, free, data the model"
-        " reads): 107000 ACL_ERROR_RT_PARAM_INVALID."
+        'Error code for a freed, unknown or out-of-range device pointer (memcpy, memset, free, data the model'
+        ' reads): 107000 ACL_ERROR_RT_PARAM_INVALID.'
     ),
     (
-        "memcpy with count > dst_max, a NULL pointer, or an unknown memcpy kind: 100000 "
-        "ACL_ERROR_INVALID_PARAM; count == 0 is a successful no-op."
+        'memcpy with count > dst_max, a NULL pointer, or an unknown memcpy kind: 100000 '
+        'ACL_ERROR_INVALID_PARAM; count == 0 is a successful no-op.'
     ),
     (
-        "Bounds are checked against the REQUESTED size of an allocation; real hardware would accept accesses "
-        "into the 32..63 bytes of padding (and silently into neighbouring allocations).  "
-        "configure(strict_bounds=False) uses the padded size."
+        'Bounds are checked against the REQUESTED size of an allocation; real hardware would accept accesses '
+        'into the 32..63 bytes of padding (and silently into neighbouring allocations).  '
+        'configure(strict_bounds=False) uses the padded size.'
     ),
     (
-        "memcpy validates `kind` against pointer provenance (107000 on mismatch); current CANN docs say the "
-        "kind of the synchronous aclrtMemcpy is reserved and inferred from the pointers, older docs treat it "
-        "as authoritative."
+        'memcpy validates `kind` against pointer provenance (107000 on mismatch); current CANN docs say the '
+        'kind of the synchronous aclrtMemcpy is reserved and inferred from the pointers, older docs treat it '
+        'as authoritative.'
     ),
     (
-        "memcpy_async requires 64-byte aligned src/dst (older docs; current docs no longer say so) and fails "
-        "with 107008 ACL_ERROR_RT_ADDR_UNALIGNED; configure(async_align=1) disables the check."
-    ),
-    (
-        "memcpy_async with a host side not from malloc_host (unpinned) completes before returning (current "
-        "docs); with pinned memory it runs at synchronize time, reading the host buffer then."
-    ),
-    (
-        "Model I/O addresses (data buffers given to execute/execute_async) must be 64-byte aligned, like the "
+        'Model I/O addresses (data buffers given to execute/execute_async) must be 64-byte aligned, like the '
         "docs' rule for user-managed sub-allocations; misaligned -> 107008.  configure(io_align=1) disables "
-        "the check."
+        'the check.'
     ),
     (
-        "Model I/O that is not inside a live rt.malloc / malloc_host allocation -> 145007 "
-        "ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID at call time; memory freed between execute_async and "
-        "synchronize_stream -> 507011 at synchronize time."
+        'Model I/O that is not inside a live rt.malloc / malloc_host allocation -> 145007 '
+        'ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID at call time; memory freed between execute_async and '
+        'synchronize_stream -> 507011 at synchronize time.'
     ),
     (
-        "Dataset buffer count or a buffer smaller than the model input/output size -> 100017 / 100018; LARGER"
-        " buffers are accepted (ACLLite only warns)."
+        'Dataset buffer count or a buffer smaller than the model input/output size -> 100017 / 100018; LARGER'
+        ' buffers are accepted (ACLLite only warns).'
     ),
     (
         "A failing queued task makes synchronize_stream return its code and discards the stream's later "
-        "tasks; the stream is usable afterwards."
+        'tasks; the stream is usable afterwards.'
     ),
     (
-        "Calls before acl.init (set_device, create_context, load) -> 100001; finalize without init or twice "
+        'Calls before acl.init (set_device, create_context, load) -> 100001; finalize without init or twice '
         "-> 100037; finalize leaves leaked handles listed (for leak tests) and clears every thread's current "
-        "context."
+        'context.'
     ),
     (
-        "These need a current context (else 107002): streams, events, malloc/free/malloc_host/free_host, "
-        "memcpy, memset, get_mem_info, get_device, load/unload/execute; datasets, data buffers and model "
-        "descs do not."
+        'These need a current context (else 107002): streams, events, malloc/free/malloc_host/free_host, '
+        'memcpy, memset, get_mem_info, get_device, load/unload/execute; datasets, data buffers and model '
+        'descs do not.'
     ),
     (
         "set_device makes the device's default context current for the calling thread; reset_device on a "
-        "device that was not set returns 0; destroy_context on a default (implicit) context -> 107000."
+        'device that was not set returns 0; destroy_context on a default (implicit) context -> 107000.'
     ),
     (
-        "Unknown/destroyed rt handles (context, stream, event) -> 107000; unknown/destroyed acl handles "
-        "(dataset, data buffer, model desc, tensor desc) -> 100000; a NULL handle where one is required -> "
-        "100000."
+        'Unknown/destroyed rt handles (context, stream, event) -> 107000; unknown/destroyed acl handles '
+        '(dataset, data buffer, model desc, tensor desc) -> 100000; a NULL handle where one is required -> '
+        '100000.'
     ),
-    "destroy_stream drains the stream's queued tasks first and returns the first task error, if any.",
     (
-        "unload of a model with queued, unsynchronised execute_async work -> 107037 "
-        "ACL_ERROR_RT_MODEL_RUNNING."
+        "destroy_stream drains the stream's queued tasks first and returns the first task error, if any."
     ),
-    "execute_async of one model on a second stream while work is still queued on the first -> 100000.",
     (
-        "Model id numbering starts at 1; model inputs/outputs keep the ONNX graph order; ONNX int64 stays "
-        "INT64 (ATC may convert it); 4-D tensors report format NCHW, others ND; names longer than 127 "
+        'unload of a model with queued, unsynchronised execute_async work -> 107037 '
+        'ACL_ERROR_RT_MODEL_RUNNING.'
+    ),
+    (
+        'execute_async of one model on a second stream while work is still queued on the first -> 100000.'
+    ),
+    (
+        'Model id numbering starts at 1; model inputs/outputs keep the ONNX graph order; ONNX int64 stays '
+        'INT64 (ATC may convert it); 4-D tensors report format NCHW, others ND; names longer than 127 '
         "characters are replaced by 'acl_modelId_<id>_input_<i>' / '..._output_<i>'."
     ),
     (
-        "ONNX inputs with symbolic dims and no gear option fail to load with 100013 ACL_ERROR_PARSE_MODEL "
-        "(ATC would refuse to convert them); a missing/unreadable file is 100003."
+        'ONNX inputs with symbolic dims and no gear option fail to load with 100013 ACL_ERROR_PARSE_MODEL '
+        '(ATC would refuse to convert them); a missing/unreadable file is 100003.'
     ),
     (
         "Dynamic gears: the extra input 'ascend_mbatch_shape_data' is INT64 with one value per gear component"
-        " (batch: 1, image size: 2, dims: one per -1 marker); the set_* call writes the gear there; output "
-        "dims report -1 on axes that vary between gears; get_cur_output_dims before any execute returns the "
+        ' (batch: 1, image size: 2, dims: one per -1 marker); the set_* call writes the gear there; output '
+        'dims report -1 on axes that vary between gears; get_cur_output_dims before any execute returns the '
         "largest gear's dims."
     ),
     (
-        "Invalid batch gear -> 145013; invalid image size or dims gear -> 145021; set_* on a static model or "
-        "the wrong kind of dynamic model -> 100019; idx not the ascend_mbatch_shape_data index -> 100000."
+        'Invalid batch gear -> 145013; invalid image size or dims gear -> 145021; set_* on a static model or '
+        'the wrong kind of dynamic model -> 100019; idx not the ascend_mbatch_shape_data index -> 100000.'
     ),
     (
-        "get_dynamic_batch / get_dynamic_hw / get_input_dynamic_gear_count on a model without that kind of "
-        "gear return an empty result with ret 0."
-    ),
-    "get_recent_err_msg is per thread, returns None when there is no message and clears it when read.",
-    (
-        "malloc beyond the configured HBM capacity -> (0, 207001 ACL_ERROR_RT_MEMORY_ALLOCATION); "
-        "malloc_align32 rounds to 32 without the extra 32 bytes; out-of-range policies are accepted."
+        'get_recent_err_msg is per thread, returns None when there is no message and clears it when read.'
     ),
     (
-        "get_mem_info: HBM attributes report the configured capacity and padded bytes in use; DDR attributes "
-        "report (0, 0, 0) as on an EP-mode 910B; unknown attributes -> 100000."
+        'malloc beyond the configured HBM capacity -> (0, 207001 ACL_ERROR_RT_MEMORY_ALLOCATION); out-of-'
+        'range policies are accepted.'
+    ),
+    (
+        'get_mem_info: HBM attributes report the configured capacity and padded bytes in use; DDR attributes '
+        'report (0, 0, 0) as on an EP-mode 910B; unknown attributes -> 100000.'
     ),
     (
         "get_version returns (1, 0, 0, 0); get_soc_name returns 'Ascend910B3'; get_run_mode returns ACL_HOST "
-        "(1)."
+        '(1).'
     ),
     (
-        "launch_callback on a stream with no subscribed thread -> 100034; subscribe_report on an already "
-        "subscribed stream -> 100033; process_report in a thread with no subscription -> 100035, timeout -> "
-        "100036."
+        'Pointer/size arguments (PyArg formats k/K/I/H) reject numpy integers as CPython <= 3.13 does (3.14 '
+        'may accept __index__ objects); int arguments (format i) accept anything with __index__.'
     ),
-    (
-        "Callbacks are delivered when the stream is drained (synchronize_*); a BLOCK callback makes the "
-        "draining thread wait for the subscribed thread to run it (507012 after "
-        "configure(callback_timeout_s))."
-    ),
-    (
-        "util.ptr_to_bytes / ptr_to_numpy on a device pointer raise ValueError (real pyACL would crash "
-        "reading it); host pointers below 64 KiB are rejected with 100000 by memcpy instead of crashing."
-    ),
-    "stop_thread on an unknown thread id returns 3 (ESRCH from pthread_join).",
-    (
-        "Pointer/size arguments (PyArg formats k/K/I/H) reject numpy integers as CPython <= 3.13 does (3.14 may "
-        "accept __index__ objects); int arguments (format i) accept anything with __index__."
-    ),
-    "The fake does not emulate that acl.mdl.execute holds the GIL (ONNX Runtime releases it).",
     (
         "Sub-modules are also registered as sys.modules['acl.rt'] etc., as PyImport_AddModule does in "
-        "PyInit_acl."
+        'PyInit_acl.'
     ),
 )
 
