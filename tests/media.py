@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import functools
 import shutil
+import subprocess
 import tempfile
 from fractions import Fraction
 from pathlib import Path
@@ -87,7 +88,8 @@ def make_video(path: str | Path, frames: Iterable[np.ndarray], fps: int = 25, co
         defaults = {"preset": "ultrafast"} if codec == "libx264" else {}
         if defaults or options:
             stream.options = {**defaults, **(options or {})}
-        if rotate:
+        late_rotation = bool(rotate) and not hasattr(stream, "set_display_rotation")  # PyAV < 16
+        if rotate and not late_rotation:
             stream.set_display_rotation(rotate)
         for i, image in enumerate(_chain(first, frames)):
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
@@ -96,6 +98,12 @@ def make_video(path: str | Path, frames: Iterable[np.ndarray], fps: int = 25, co
                 out.mux(packet)
         for packet in stream.encode(None):
             out.mux(packet)
+    if late_rotation:  # the same display matrix, written by ffmpeg's muxer (stream copy)
+        tmp = path.with_name(path.stem + ".unrotated" + path.suffix)
+        path.replace(tmp)
+        subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", str(tmp), "-c", "copy",
+                        "-metadata:s:v:0", f"rotate={rotate % 360}", str(path)], check=True)
+        tmp.unlink()
     return path
 
 
