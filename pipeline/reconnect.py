@@ -42,6 +42,7 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     ENDED: (),
 }
 
+
 @dataclass(frozen=True)
 class StateEvent:
     """One state change of a live source: ``state`` entered at wall-clock ``time`` (``time.time()``).
@@ -76,13 +77,17 @@ class ReconnectPolicy:
         if not (self.initial_s >= 0 and math.isfinite(self.initial_s)):
             raise ConfigError(f"reconnect: initial delay must be >= 0 s, got {self.initial_s}")
         if not self.max_s >= self.initial_s:
-            raise ConfigError(f"reconnect: max delay {self.max_s} s must be >= the initial delay {self.initial_s} s")
+            raise ConfigError(
+                f"reconnect: max delay {self.max_s} s must be >= the initial delay {self.initial_s} s"
+            )
         if not self.factor >= 1.0:
             raise ConfigError(f"reconnect: backoff factor must be >= 1, got {self.factor}")
         if not 0.0 <= self.jitter < 1.0:
             raise ConfigError(f"reconnect: jitter must be within [0, 1), got {self.jitter}")
         if self.max_attempts is not None and (isinstance(self.max_attempts, bool) or self.max_attempts < 1):
-            raise ConfigError(f"reconnect: max attempts must be >= 1 or None (unlimited), got {self.max_attempts}")
+            raise ConfigError(
+                f"reconnect: max attempts must be >= 1 or None (unlimited), got {self.max_attempts}"
+            )
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based)."""
@@ -102,9 +107,15 @@ class SourceSupervisor:
     :attr:`events` and :attr:`state`.
     """
 
-    def __init__(self, policy: ReconnectPolicy = ReconnectPolicy(), *, name: str = "live",
-                 clock: Callable[[], float] = time.time, rng: random.Random | None = None,
-                 keep_events: int = 256) -> None:
+    def __init__(
+        self,
+        policy: ReconnectPolicy = ReconnectPolicy(),
+        *,
+        name: str = "live",
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        keep_events: int = 256,
+    ) -> None:
         self.policy = policy
         self.name = name
         self.clock = clock
@@ -194,9 +205,27 @@ class SourceSupervisor:
     def snapshot(self) -> dict[str, Any]:
         """Counters for ``stats()``: state, attempts, reconnects, disconnects, stalls, last reconnect time."""
         with self._lock:
-            return {"state": self.state, "attempts": self.attempt, "reconnects": self.reconnects,
-                    "disconnects": self.disconnects, "stalls": self.stalls,
-                    "last_reconnect_s": None if self.last_reconnect_s is None else round(self.last_reconnect_s, 3)}
+            return {
+                "state": self.state,
+                "attempts": self.attempt,
+                "reconnects": self.reconnects,
+                "disconnects": self.disconnects,
+                "stalls": self.stalls,
+                "last_reconnect_s": None
+                if self.last_reconnect_s is None
+                else round(self.last_reconnect_s, 3),
+            }
 
 
-__all__ = ["CONNECTING", "RUNNING", "STALLED", "RECONNECTING", "ENDED", "STATES", "TRANSITIONS", "StateEvent", "ReconnectPolicy", "SourceSupervisor"]
+__all__ = [
+    "CONNECTING",
+    "RUNNING",
+    "STALLED",
+    "RECONNECTING",
+    "ENDED",
+    "STATES",
+    "TRANSITIONS",
+    "StateEvent",
+    "ReconnectPolicy",
+    "SourceSupervisor",
+]

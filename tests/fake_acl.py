@@ -188,111 +188,105 @@ ERROR_NAMES: dict[int, str] = {
 #: Every place where the fake had to guess pyACL behaviour that the reference does not pin down.
 GUESSES: tuple[str, ...] = (
     (
-        'Error code for a freed, unknown or out-of-range device pointer (memcpy, memset, free, data the model'
-        ' reads): 107000 ACL_ERROR_RT_PARAM_INVALID.'
+        "Error code for a freed, unknown or out-of-range device pointer (memcpy, memset, free, data the model"
+        " reads): 107000 ACL_ERROR_RT_PARAM_INVALID."
     ),
     (
-        'memcpy with count > dst_max, a NULL pointer, or an unknown memcpy kind: 100000 '
-        'ACL_ERROR_INVALID_PARAM; count == 0 is a successful no-op.'
+        "memcpy with count > dst_max, a NULL pointer, or an unknown memcpy kind: 100000 "
+        "ACL_ERROR_INVALID_PARAM; count == 0 is a successful no-op."
     ),
     (
-        'Bounds are checked against the REQUESTED size of an allocation; real hardware would accept accesses '
-        'into the 32..63 bytes of padding (and silently into neighbouring allocations).  '
-        'configure(strict_bounds=False) uses the padded size.'
+        "Bounds are checked against the REQUESTED size of an allocation; real hardware would accept accesses "
+        "into the 32..63 bytes of padding (and silently into neighbouring allocations).  "
+        "configure(strict_bounds=False) uses the padded size."
     ),
     (
-        'memcpy validates `kind` against pointer provenance (107000 on mismatch); current CANN docs say the '
-        'kind of the synchronous aclrtMemcpy is reserved and inferred from the pointers, older docs treat it '
-        'as authoritative.'
+        "memcpy validates `kind` against pointer provenance (107000 on mismatch); current CANN docs say the "
+        "kind of the synchronous aclrtMemcpy is reserved and inferred from the pointers, older docs treat it "
+        "as authoritative."
     ),
     (
-        'Model I/O addresses (data buffers given to execute/execute_async) must be 64-byte aligned, like the '
+        "Model I/O addresses (data buffers given to execute/execute_async) must be 64-byte aligned, like the "
         "docs' rule for user-managed sub-allocations; misaligned -> 107008.  configure(io_align=1) disables "
-        'the check.'
+        "the check."
     ),
     (
-        'Model I/O that is not inside a live rt.malloc / malloc_host allocation -> 145007 '
-        'ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID at call time; memory freed between execute_async and '
-        'synchronize_stream -> 507011 at synchronize time.'
+        "Model I/O that is not inside a live rt.malloc / malloc_host allocation -> 145007 "
+        "ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID at call time; memory freed between execute_async and "
+        "synchronize_stream -> 507011 at synchronize time."
     ),
     (
-        'Dataset buffer count or a buffer smaller than the model input/output size -> 100017 / 100018; LARGER'
-        ' buffers are accepted (ACLLite only warns).'
+        "Dataset buffer count or a buffer smaller than the model input/output size -> 100017 / 100018; LARGER"
+        " buffers are accepted (ACLLite only warns)."
     ),
     (
         "A failing queued task makes synchronize_stream return its code and discards the stream's later "
-        'tasks; the stream is usable afterwards.'
+        "tasks; the stream is usable afterwards."
     ),
     (
-        'Calls before acl.init (set_device, create_context, load) -> 100001; finalize without init or twice '
+        "Calls before acl.init (set_device, create_context, load) -> 100001; finalize without init or twice "
         "-> 100037; finalize leaves leaked handles listed (for leak tests) and clears every thread's current "
-        'context.'
+        "context."
     ),
     (
-        'These need a current context (else 107002): streams, events, malloc/free/malloc_host/free_host, '
-        'memcpy, memset, get_mem_info, get_device, load/unload/execute; datasets, data buffers and model '
-        'descs do not.'
+        "These need a current context (else 107002): streams, events, malloc/free/malloc_host/free_host, "
+        "memcpy, memset, get_mem_info, get_device, load/unload/execute; datasets, data buffers and model "
+        "descs do not."
     ),
     (
         "set_device makes the device's default context current for the calling thread; reset_device on a "
-        'device that was not set returns 0; destroy_context on a default (implicit) context -> 107000.'
+        "device that was not set returns 0; destroy_context on a default (implicit) context -> 107000."
     ),
     (
-        'Unknown/destroyed rt handles (context, stream, event) -> 107000; unknown/destroyed acl handles '
-        '(dataset, data buffer, model desc, tensor desc) -> 100000; a NULL handle where one is required -> '
-        '100000.'
+        "Unknown/destroyed rt handles (context, stream, event) -> 107000; unknown/destroyed acl handles "
+        "(dataset, data buffer, model desc, tensor desc) -> 100000; a NULL handle where one is required -> "
+        "100000."
     ),
+    ("destroy_stream drains the stream's queued tasks first and returns the first task error, if any."),
     (
-        "destroy_stream drains the stream's queued tasks first and returns the first task error, if any."
+        "unload of a model with queued, unsynchronised execute_async work -> 107037 "
+        "ACL_ERROR_RT_MODEL_RUNNING."
     ),
+    ("execute_async of one model on a second stream while work is still queued on the first -> 100000."),
     (
-        'unload of a model with queued, unsynchronised execute_async work -> 107037 '
-        'ACL_ERROR_RT_MODEL_RUNNING.'
-    ),
-    (
-        'execute_async of one model on a second stream while work is still queued on the first -> 100000.'
-    ),
-    (
-        'Model id numbering starts at 1; model inputs/outputs keep the ONNX graph order; ONNX int64 stays '
-        'INT64 (ATC may convert it); 4-D tensors report format NCHW, others ND; names longer than 127 '
+        "Model id numbering starts at 1; model inputs/outputs keep the ONNX graph order; ONNX int64 stays "
+        "INT64 (ATC may convert it); 4-D tensors report format NCHW, others ND; names longer than 127 "
         "characters are replaced by 'acl_modelId_<id>_input_<i>' / '..._output_<i>'."
     ),
     (
-        'ONNX inputs with symbolic dims and no gear option fail to load with 100013 ACL_ERROR_PARSE_MODEL '
-        '(ATC would refuse to convert them); a missing/unreadable file is 100003.'
+        "ONNX inputs with symbolic dims and no gear option fail to load with 100013 ACL_ERROR_PARSE_MODEL "
+        "(ATC would refuse to convert them); a missing/unreadable file is 100003."
     ),
     (
         "Dynamic gears: the extra input 'ascend_mbatch_shape_data' is INT64 with one value per gear component"
-        ' (batch: 1, image size: 2, dims: one per -1 marker); the set_* call writes the gear there; output '
-        'dims report -1 on axes that vary between gears; get_cur_output_dims before any execute returns the '
+        " (batch: 1, image size: 2, dims: one per -1 marker); the set_* call writes the gear there; output "
+        "dims report -1 on axes that vary between gears; get_cur_output_dims before any execute returns the "
         "largest gear's dims."
     ),
     (
-        'Invalid batch gear -> 145013; invalid image size or dims gear -> 145021; set_* on a static model or '
-        'the wrong kind of dynamic model -> 100019; idx not the ascend_mbatch_shape_data index -> 100000.'
+        "Invalid batch gear -> 145013; invalid image size or dims gear -> 145021; set_* on a static model or "
+        "the wrong kind of dynamic model -> 100019; idx not the ascend_mbatch_shape_data index -> 100000."
+    ),
+    ("get_recent_err_msg is per thread, returns None when there is no message and clears it when read."),
+    (
+        "malloc beyond the configured HBM capacity -> (0, 207001 ACL_ERROR_RT_MEMORY_ALLOCATION); out-of-"
+        "range policies are accepted."
     ),
     (
-        'get_recent_err_msg is per thread, returns None when there is no message and clears it when read.'
-    ),
-    (
-        'malloc beyond the configured HBM capacity -> (0, 207001 ACL_ERROR_RT_MEMORY_ALLOCATION); out-of-'
-        'range policies are accepted.'
-    ),
-    (
-        'get_mem_info: HBM attributes report the configured capacity and padded bytes in use; DDR attributes '
-        'report (0, 0, 0) as on an EP-mode 910B; unknown attributes -> 100000.'
+        "get_mem_info: HBM attributes report the configured capacity and padded bytes in use; DDR attributes "
+        "report (0, 0, 0) as on an EP-mode 910B; unknown attributes -> 100000."
     ),
     (
         "get_version returns (1, 0, 0, 0); get_soc_name returns 'Ascend910B3'; get_run_mode returns ACL_HOST "
-        '(1).'
+        "(1)."
     ),
     (
-        'Pointer/size arguments (PyArg formats k/K/I/H) reject numpy integers as CPython <= 3.13 does (3.14 '
-        'may accept __index__ objects); int arguments (format i) accept anything with __index__.'
+        "Pointer/size arguments (PyArg formats k/K/I/H) reject numpy integers as CPython <= 3.13 does (3.14 "
+        "may accept __index__ objects); int arguments (format i) accept anything with __index__."
     ),
     (
         "Sub-modules are also registered as sys.modules['acl.rt'] etc., as PyImport_AddModule does in "
-        'PyInit_acl.'
+        "PyInit_acl."
     ),
 )
 
@@ -327,9 +321,26 @@ _ACL_TYPES: dict[str, tuple[Any, int]] = {
 }
 
 _DTYPE_SIZES = {
-    ACL_FLOAT: 4, ACL_FLOAT16: 2, ACL_INT8: 1, ACL_INT32: 4, ACL_UINT8: 1, ACL_INT16: 2, ACL_UINT16: 2,
-    ACL_UINT32: 4, ACL_INT64: 8, ACL_UINT64: 8, ACL_DOUBLE: 8, ACL_BOOL: 1, ACL_COMPLEX64: 8, ACL_COMPLEX128: 16,
-    ACL_BF16: 2, ACL_COMPLEX32: 4, ACL_HIFLOAT8: 1, ACL_FLOAT8_E5M2: 1, ACL_FLOAT8_E4M3FN: 1, ACL_FLOAT8_E8M0: 1,
+    ACL_FLOAT: 4,
+    ACL_FLOAT16: 2,
+    ACL_INT8: 1,
+    ACL_INT32: 4,
+    ACL_UINT8: 1,
+    ACL_INT16: 2,
+    ACL_UINT16: 2,
+    ACL_UINT32: 4,
+    ACL_INT64: 8,
+    ACL_UINT64: 8,
+    ACL_DOUBLE: 8,
+    ACL_BOOL: 1,
+    ACL_COMPLEX64: 8,
+    ACL_COMPLEX128: 16,
+    ACL_BF16: 2,
+    ACL_COMPLEX32: 4,
+    ACL_HIFLOAT8: 1,
+    ACL_FLOAT8_E5M2: 1,
+    ACL_FLOAT8_E4M3FN: 1,
+    ACL_FLOAT8_E8M0: 1,
 }
 
 _NPY_TYPES: dict[int, np.dtype[Any]] = {np.dtype(c).num: np.dtype(c) for c in "?bBhHiIlLqQefdgFDG"}
@@ -849,9 +860,13 @@ class _FakeAcl:
             raise _Fail(ACL_ERROR_INVALID_PARAM, "acl.rt.free: pointer is NULL")
         alloc = self._find(self.dev_bases, self.dev_allocs, ptr) if self.where(ptr) == "device" else None
         if alloc is None:
-            raise _Fail(ACL_ERROR_RT_PARAM_INVALID, f"acl.rt.free: {_hex(ptr)} was not returned by acl.rt.malloc")
+            raise _Fail(
+                ACL_ERROR_RT_PARAM_INVALID, f"acl.rt.free: {_hex(ptr)} was not returned by acl.rt.malloc"
+            )
         if alloc.freed:
-            raise _Fail(ACL_ERROR_RT_PARAM_INVALID, f"acl.rt.free: {_hex(ptr)} was already freed (double free)")
+            raise _Fail(
+                ACL_ERROR_RT_PARAM_INVALID, f"acl.rt.free: {_hex(ptr)} was already freed (double free)"
+            )
         if ptr != alloc.base:
             raise _Fail(
                 ACL_ERROR_RT_PARAM_INVALID,
@@ -916,8 +931,11 @@ class _FakeAcl:
             task = stream.queue.popleft()
             try:
                 if task.fault:
-                    raise _Fail(task.fault, f"injected fault {task.fault} ({ERROR_NAMES.get(task.fault, '?')}) "
-                                            f"in queued {task.label}")
+                    raise _Fail(
+                        task.fault,
+                        f"injected fault {task.fault} ({ERROR_NAMES.get(task.fault, '?')}) "
+                        f"in queued {task.label}",
+                    )
                 if task.kind == "callback":
                     self.deliver_callback(stream, task)
                 else:
@@ -929,7 +947,9 @@ class _FakeAcl:
                     if other.cleanup is not None:
                         other.cleanup()
                 self.counters.failed_tasks += 1
-                message = f"{exc.message} [stream {_hex(stream.handle)}; {len(dropped)} later task(s) discarded]"
+                message = (
+                    f"{exc.message} [stream {_hex(stream.handle)}; {len(dropped)} later task(s) discarded]"
+                )
                 self.error_log.append((task.label, exc.code, message))
                 return exc.code, message
             if task.cleanup is not None:
@@ -954,7 +974,9 @@ class _FakeAcl:
         tid = stream.subscriber
         q = self.reports.get(tid) if tid is not None else None
         if q is None:
-            raise _Fail(ACL_ERROR_STREAM_NOT_SUBSCRIBE, f"callback on stream {_hex(stream.handle)}: no subscriber")
+            raise _Fail(
+                ACL_ERROR_STREAM_NOT_SUBSCRIBE, f"callback on stream {_hex(stream.handle)}: no subscriber"
+            )
         done = threading.Event()
         q.put((fn, user_data, done))
         if block == ACL_CALLBACK_BLOCK:
@@ -984,13 +1006,17 @@ class _FakeAcl:
         dyn_kind, user_gears, marker_gears = self._model_gears(options, markers, label)
         shapes_per_gear = self._output_shapes(session, inputs, marker_gears, label)
         for i, io in enumerate(inputs):
-            io.size = max(_prod(self.concrete_shapes(inputs, g)[i]) for g in marker_gears) * io.np_dtype.itemsize
+            io.size = (
+                max(_prod(self.concrete_shapes(inputs, g)[i]) for g in marker_gears) * io.np_dtype.itemsize
+            )
         outputs: list[_IO] = []
         for j, arg in enumerate(session.get_outputs()):
             np_dtype, acl_dtype = self._dtype(arg.type, arg.name, label)
             per_gear = [shapes[j] for shapes in shapes_per_gear]
             rank = len(per_gear[0])
-            dims = [per_gear[0][a] if all(s[a] == per_gear[0][a] for s in per_gear) else -1 for a in range(rank)]
+            dims = [
+                per_gear[0][a] if all(s[a] == per_gear[0][a] for s in per_gear) else -1 for a in range(rank)
+            ]
             size = max(_prod(s) for s in per_gear) * np.dtype(np_dtype).itemsize
             name = arg.name if len(arg.name) <= 127 else f"acl_modelId_{model_id}_output_{j}"
             fmt = ACL_FORMAT_NCHW if rank == 4 else ACL_FORMAT_ND
@@ -999,13 +1025,31 @@ class _FakeAcl:
         if dyn_kind is not None:
             k = len(user_gears[0])
             inputs.append(
-                _IO(ACL_DYNAMIC_TENSOR_NAME, ACL_DYNAMIC_TENSOR_NAME, [k], ACL_INT64, np.dtype(np.int64),
-                    ACL_FORMAT_ND, 8 * k)
+                _IO(
+                    ACL_DYNAMIC_TENSOR_NAME,
+                    ACL_DYNAMIC_TENSOR_NAME,
+                    [k],
+                    ACL_INT64,
+                    np.dtype(np.int64),
+                    ACL_FORMAT_ND,
+                    8 * k,
+                )
             )
         largest = max(range(len(shapes_per_gear)), key=lambda g: sum(_prod(s) for s in shapes_per_gear[g]))
         model = _Model(
-            model_id, label, ctx.handle, ctx.device, session, inputs, outputs, n_real, dyn_kind, user_gears,
-            marker_gears, shapes_per_gear, [list(s) for s in shapes_per_gear[largest]],
+            model_id,
+            label,
+            ctx.handle,
+            ctx.device,
+            session,
+            inputs,
+            outputs,
+            n_real,
+            dyn_kind,
+            user_gears,
+            marker_gears,
+            shapes_per_gear,
+            [list(s) for s in shapes_per_gear[largest]],
         )
         self.next_model_id += 1
         self.models[model_id] = model
@@ -1015,8 +1059,10 @@ class _FakeAcl:
     def _dtype(type_str: str, name: str, label: str) -> tuple[Any, int]:
         found = _ACL_TYPES.get(type_str)
         if found is None:
-            raise _Fail(ACL_ERROR_PARSE_MODEL, f"{label}: tensor {name!r} has type {type_str}, which the fake "
-                                               "acl cannot run")
+            raise _Fail(
+                ACL_ERROR_PARSE_MODEL,
+                f"{label}: tensor {name!r} has type {type_str}, which the fake acl cannot run",
+            )
         return found
 
     def _model_inputs(
@@ -1042,8 +1088,11 @@ class _FakeAcl:
             if arg.name in overrides:
                 dims = overrides[arg.name]
                 if len(dims) != len(arg.shape):
-                    raise _Fail(ACL_ERROR_PARSE_MODEL, f"{label}: input_shape gives {arg.name!r} {len(dims)} dims, "
-                                                       f"the graph has {len(arg.shape)}")
+                    raise _Fail(
+                        ACL_ERROR_PARSE_MODEL,
+                        f"{label}: input_shape gives {arg.name!r} {len(dims)} dims, "
+                        f"the graph has {len(arg.shape)}",
+                    )
             else:
                 dims = [d if isinstance(d, int) and d >= 0 else -1 for d in arg.shape]
             for axis, d in enumerate(dims):
@@ -1084,18 +1133,24 @@ class _FakeAcl:
             raise _Fail(ACL_ERROR_PARSE_MODEL, f"{label}: cannot parse {key}={options[key]!r}") from None
         if key == "dynamic_batch_size":
             if any(axis != 0 for _, axis in markers) or any(len(g) != 1 for g in gears):
-                raise _Fail(ACL_ERROR_PARSE_MODEL, f"{label}: dynamic_batch_size needs -1 only on axis 0 and one "
-                                                   "value per gear")
+                raise _Fail(
+                    ACL_ERROR_PARSE_MODEL,
+                    f"{label}: dynamic_batch_size needs -1 only on axis 0 and one value per gear",
+                )
             return "batch", gears, [g * len(markers) for g in gears]
         if key == "dynamic_image_size":
             per_input = collections.Counter(i for i, _ in markers)
             if any(n != 2 for n in per_input.values()) or any(len(g) != 2 for g in gears):
-                raise _Fail(ACL_ERROR_PARSE_MODEL, f"{label}: dynamic_image_size needs two -1 dims (H, W) per "
-                                                   "dynamic input and 'h,w' gears")
+                raise _Fail(
+                    ACL_ERROR_PARSE_MODEL,
+                    f"{label}: dynamic_image_size needs two -1 dims (H, W) per dynamic input and 'h,w' gears",
+                )
             return "hw", gears, [g * len(per_input) for g in gears]
         if any(len(g) != len(markers) for g in gears):
-            raise _Fail(ACL_ERROR_PARSE_MODEL, f"{label}: each dynamic_dims gear needs {len(markers)} values "
-                                               "(one per -1 dim)")
+            raise _Fail(
+                ACL_ERROR_PARSE_MODEL,
+                f"{label}: each dynamic_dims gear needs {len(markers)} values (one per -1 dim)",
+            )
         return "dims", gears, gears
 
     @staticmethod
@@ -1133,32 +1188,52 @@ class _FakeAcl:
         """Index of the gear written into the dataset's ascend_mbatch_shape_data buffer (0 for static models)."""
         if model.dyn_kind is None:
             return 0
-        buf = self.lookup(ds.buffers[model.n_real_inputs], _DataBuffer, "data buffer", ACL_ERROR_INVALID_PARAM)
+        buf = self.lookup(
+            ds.buffers[model.n_real_inputs], _DataBuffer, "data buffer", ACL_ERROR_INVALID_PARAM
+        )
         k = len(model.user_gears[0])
-        addr = self.span(buf.addr, 8 * k, f"{call}: {ACL_DYNAMIC_TENSOR_NAME} buffer",
-                         ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID)
+        addr = self.span(
+            buf.addr, 8 * k, f"{call}: {ACL_DYNAMIC_TENSOR_NAME} buffer", ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID
+        )
         values = tuple(int(v) for v in np.frombuffer(ctypes.string_at(addr, 8 * k), np.int64))
         for g, gear in enumerate(model.user_gears):
             if gear == values:
                 return g
-        code = ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID if model.dyn_kind == "batch" else ACL_ERROR_GE_SHAPE_INVALID
-        raise _Fail(code, f"{call}: model {model.model_id} has no gear {values} in {ACL_DYNAMIC_TENSOR_NAME}; call "
-                          f"acl.mdl.set_dynamic_* on this dataset first (gears: {model.user_gears})")
+        code = (
+            ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+            if model.dyn_kind == "batch"
+            else ACL_ERROR_GE_SHAPE_INVALID
+        )
+        raise _Fail(
+            code,
+            f"{call}: model {model.model_id} has no gear {values} in {ACL_DYNAMIC_TENSOR_NAME}; call "
+            f"acl.mdl.set_dynamic_* on this dataset first (gears: {model.user_gears})",
+        )
 
-    def prepare_execute(self, model_id: int, in_ds: int, out_ds: int, call: str) -> tuple[_Model, Callable[[], None]]:
+    def prepare_execute(
+        self, model_id: int, in_ds: int, out_ds: int, call: str
+    ) -> tuple[_Model, Callable[[], None]]:
         """Validate an execute call now (like the runtime does at launch) and return the deferred work."""
         ctx = self.need_context(call)
         model = self.model(model_id, call)
         if model.context != ctx.handle:
-            raise _Fail(ACL_ERROR_RT_MODEL_CONTEXT, f"{call}: model {model_id} was loaded in context "
-                                                    f"{_hex(model.context)}, the current context is {_hex(ctx.handle)}")
+            raise _Fail(
+                ACL_ERROR_RT_MODEL_CONTEXT,
+                f"{call}: model {model_id} was loaded in context "
+                f"{_hex(model.context)}, the current context is {_hex(ctx.handle)}",
+            )
         ins = self.lookup(in_ds, _Dataset, "input dataset", ACL_ERROR_INVALID_PARAM)
         outs = self.lookup(out_ds, _Dataset, "output dataset", ACL_ERROR_INVALID_PARAM)
-        for ds, ios, code, side in ((ins, model.inputs, ACL_ERROR_MODEL_INPUT_NOT_MATCH, "input"),
-                                    (outs, model.outputs, ACL_ERROR_MODEL_OUTPUT_NOT_MATCH, "output")):
+        for ds, ios, code, side in (
+            (ins, model.inputs, ACL_ERROR_MODEL_INPUT_NOT_MATCH, "input"),
+            (outs, model.outputs, ACL_ERROR_MODEL_OUTPUT_NOT_MATCH, "output"),
+        ):
             if len(ds.buffers) != len(ios):
-                raise _Fail(code, f"{call}: model {model_id} has {len(ios)} {side}s, the {side} dataset "
-                                  f"{_hex(ds.handle)} has {len(ds.buffers)} buffers")
+                raise _Fail(
+                    code,
+                    f"{call}: model {model_id} has {len(ios)} {side}s, the {side} dataset "
+                    f"{_hex(ds.handle)} has {len(ds.buffers)} buffers",
+                )
         gear = self.gear_of(model, ins, call)
         in_shapes = self.concrete_shapes(model.inputs[: model.n_real_inputs], model.marker_gears[gear])
         out_shapes = model.gear_output_shapes[gear]
@@ -1168,19 +1243,32 @@ class _FakeAcl:
             ("output", outs, model.outputs, out_shapes, ACL_ERROR_MODEL_OUTPUT_NOT_MATCH),
         ):
             for i, (io, shape) in enumerate(zip(ios, shapes)):
-                buf = self.lookup(ds.buffers[i], _DataBuffer, f"{side} {i} data buffer", ACL_ERROR_INVALID_PARAM)
+                buf = self.lookup(
+                    ds.buffers[i], _DataBuffer, f"{side} {i} data buffer", ACL_ERROR_INVALID_PARAM
+                )
                 need = _prod(shape) * io.np_dtype.itemsize
                 if buf.size < need:
-                    raise _Fail(code, f"{call}: {side} {i} ({io.name!r}, {shape}) needs {need} B, its data buffer "
-                                      f"{_hex(buf.handle)} holds {buf.size} B")
+                    raise _Fail(
+                        code,
+                        f"{call}: {side} {i} ({io.name!r}, {shape}) needs {need} B, its data buffer "
+                        f"{_hex(buf.handle)} holds {buf.size} B",
+                    )
                 where = self.where(buf.addr)
                 if where not in ("device", "pinned"):
-                    raise _Fail(ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID, f"{call}: {side} {i} ({io.name!r}) address "
-                                f"{_hex(buf.addr)} is not device memory from acl.rt.malloc (or malloc_host)")
-                self.span(buf.addr, need, f"{call}: {side} {i} ({io.name!r})", ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID)
+                    raise _Fail(
+                        ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID,
+                        f"{call}: {side} {i} ({io.name!r}) address "
+                        f"{_hex(buf.addr)} is not device memory from acl.rt.malloc (or malloc_host)",
+                    )
+                self.span(
+                    buf.addr, need, f"{call}: {side} {i} ({io.name!r})", ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID
+                )
                 if self.config.io_align > 1 and buf.addr % self.config.io_align:
-                    raise _Fail(ACL_ERROR_RT_ADDR_UNALIGNED, f"{call}: {side} {i} ({io.name!r}) address "
-                                f"{_hex(buf.addr)} is not {self.config.io_align}-byte aligned")
+                    raise _Fail(
+                        ACL_ERROR_RT_ADDR_UNALIGNED,
+                        f"{call}: {side} {i} ({io.name!r}) address "
+                        f"{_hex(buf.addr)} is not {self.config.io_align}-byte aligned",
+                    )
                 plan.append((side, io, tuple(shape), buf.addr, buf.size))
 
         def run() -> None:
@@ -1188,8 +1276,9 @@ class _FakeAcl:
 
         return model, run
 
-    def run_model(self, model: _Model, plan: list[tuple[str, _IO, tuple[int, ...], int, int]], gear: int,
-                  call: str) -> None:
+    def run_model(
+        self, model: _Model, plan: list[tuple[str, _IO, tuple[int, ...], int, int]], gear: int, call: str
+    ) -> None:
         start = time.perf_counter()
         feeds: dict[str, np.ndarray[Any, Any]] = {}
         out_plan = []
@@ -1198,22 +1287,35 @@ class _FakeAcl:
                 out_plan.append((io, addr, size))
                 continue
             arr = np.empty(shape, io.np_dtype)
-            src = self.span(addr, arr.nbytes, f"{call} (model {model.model_id}) input {io.name!r}",
-                            ACL_ERROR_RT_MODEL_EXECUTE)
+            src = self.span(
+                addr,
+                arr.nbytes,
+                f"{call} (model {model.model_id}) input {io.name!r}",
+                ACL_ERROR_RT_MODEL_EXECUTE,
+            )
             ctypes.memmove(arr.ctypes.data, src, arr.nbytes)
             feeds[io.real_name] = arr
         try:
             results = model.session.run(None, feeds)
         except Exception as exc:  # noqa: BLE001 - ORT errors become the device's "model execute failed"
-            raise _Fail(ACL_ERROR_RT_MODEL_EXECUTE, f"{call}: model {model.model_id} ({model.path}) failed in "
-                                                    f"onnxruntime: {exc}") from None
+            raise _Fail(
+                ACL_ERROR_RT_MODEL_EXECUTE,
+                f"{call}: model {model.model_id} ({model.path}) failed in onnxruntime: {exc}",
+            ) from None
         for j, ((io, addr, size), value) in enumerate(zip(out_plan, results)):
             out = np.ascontiguousarray(np.asarray(value), dtype=io.np_dtype)
             if out.nbytes > size:
-                raise _Fail(ACL_ERROR_RT_MODEL_EXECUTE, f"{call}: output {io.name!r} produced {out.shape} "
-                                                        f"({out.nbytes} B) > its buffer ({size} B)")
-            dst = self.span(addr, out.nbytes, f"{call} (model {model.model_id}) output {io.name!r}",
-                            ACL_ERROR_RT_MODEL_EXECUTE)
+                raise _Fail(
+                    ACL_ERROR_RT_MODEL_EXECUTE,
+                    f"{call}: output {io.name!r} produced {out.shape} "
+                    f"({out.nbytes} B) > its buffer ({size} B)",
+                )
+            dst = self.span(
+                addr,
+                out.nbytes,
+                f"{call} (model {model.model_id}) output {io.name!r}",
+                ACL_ERROR_RT_MODEL_EXECUTE,
+            )
             ctypes.memmove(dst, out.ctypes.data, out.nbytes)
             model.cur_output_dims[j] = list(out.shape)
         c = self.counters
@@ -1221,26 +1323,37 @@ class _FakeAcl:
         c.execute_seconds += time.perf_counter() - start
         c.executes_by_model[model.model_id] = c.executes_by_model.get(model.model_id, 0) + 1
 
-    def write_gear(self, model_id: int, ds_handle: int, index: int, kind: str, values: tuple[int, ...],
-                   call: str) -> None:
+    def write_gear(
+        self, model_id: int, ds_handle: int, index: int, kind: str, values: tuple[int, ...], call: str
+    ) -> None:
         model = self.model(model_id, call)
         if model.dyn_kind != kind:
-            raise _Fail(ACL_ERROR_MODEL_NOT_DYNAMIC, f"{call}: model {model_id} has no dynamic {_GEAR_WORDS[kind]} "
-                                                     f"gears (it is {model.dyn_kind or 'static'})")
+            raise _Fail(
+                ACL_ERROR_MODEL_NOT_DYNAMIC,
+                f"{call}: model {model_id} has no dynamic {_GEAR_WORDS[kind]} "
+                f"gears (it is {model.dyn_kind or 'static'})",
+            )
         if index != model.n_real_inputs:
-            raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: index {index} is not the {ACL_DYNAMIC_TENSOR_NAME} input "
-                                                 f"(index {model.n_real_inputs})")
+            raise _Fail(
+                ACL_ERROR_INVALID_PARAM,
+                f"{call}: index {index} is not the {ACL_DYNAMIC_TENSOR_NAME} input "
+                f"(index {model.n_real_inputs})",
+            )
         ds = self.lookup(ds_handle, _Dataset, "dataset", ACL_ERROR_INVALID_PARAM)
         if index >= len(ds.buffers):
             raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: dataset {_hex(ds_handle)} has no buffer {index}")
         if values not in model.user_gears:
             code = ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID if kind == "batch" else ACL_ERROR_GE_SHAPE_INVALID
-            raise _Fail(code, f"{call}: {values} is not a compiled gear of model {model_id} ({model.user_gears})")
+            raise _Fail(
+                code, f"{call}: {values} is not a compiled gear of model {model_id} ({model.user_gears})"
+            )
         buf = self.lookup(ds.buffers[index], _DataBuffer, "data buffer", ACL_ERROR_INVALID_PARAM)
         data = np.asarray(values, np.int64).tobytes()
         if buf.size < len(data):
-            raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: {ACL_DYNAMIC_TENSOR_NAME} buffer holds {buf.size} B, "
-                                                 f"needs {len(data)} B")
+            raise _Fail(
+                ACL_ERROR_INVALID_PARAM,
+                f"{call}: {ACL_DYNAMIC_TENSOR_NAME} buffer holds {buf.size} B, needs {len(data)} B",
+            )
         dst = self.span(buf.addr, len(data), f"{call}: {ACL_DYNAMIC_TENSOR_NAME} buffer")
         ctypes.memmove(dst, data, len(data))
 
@@ -1248,8 +1361,14 @@ class _FakeAcl:
 _GEAR_WORDS = {"batch": "batch", "hw": "image size", "dims": "dims"}
 
 _KIND_NAMES = {
-    0: "HOST_TO_HOST", 1: "HOST_TO_DEVICE", 2: "DEVICE_TO_HOST", 3: "DEVICE_TO_DEVICE", 4: "DEFAULT",
-    5: "HOST_TO_BUF_TO_DEVICE", 6: "INNER_DEVICE_TO_DEVICE", 7: "INTER_DEVICE_TO_DEVICE",
+    0: "HOST_TO_HOST",
+    1: "HOST_TO_DEVICE",
+    2: "DEVICE_TO_HOST",
+    3: "DEVICE_TO_DEVICE",
+    4: "DEFAULT",
+    5: "HOST_TO_BUF_TO_DEVICE",
+    6: "INNER_DEVICE_TO_DEVICE",
+    7: "INTER_DEVICE_TO_DEVICE",
 }
 
 _STATE = _FakeAcl()
@@ -1261,7 +1380,9 @@ _STATE = _FakeAcl()
 
 
 def _convert(code: str, value: object) -> object:
-    if code in "kKIH":  # unsigned, no overflow check: Python int only (numpy ints are rejected on CPython <= 3.13)
+    if (
+        code in "kKIH"
+    ):  # unsigned, no overflow check: Python int only (numpy ints are rejected on CPython <= 3.13)
         if not isinstance(value, int):
             raise TypeError(f"integer argument expected, got {type(value).__name__}")
         return value & {"k": _U64, "K": _U64, "I": _U32, "H": 0xFFFF}[code]
@@ -1291,8 +1412,10 @@ def _parse(full: str, args: tuple[object, ...], fmt: str) -> tuple[Any, ...]:
     required, _, optional = fmt.partition("|")
     codes = required + optional
     if not len(required) <= len(args) <= len(codes):
-        raise TypeError(f"{message}: takes {len(required)}{'-' + str(len(codes)) if optional else ''} positional "
-                        f"argument(s), got {len(args)}")
+        raise TypeError(
+            f"{message}: takes {len(required)}{'-' + str(len(codes)) if optional else ''} positional "
+            f"argument(s), got {len(args)}"
+        )
     out: list[Any] = []
     for pos, (code, value) in enumerate(zip(codes, args), start=1):
         try:
@@ -1357,7 +1480,9 @@ def _api(
                 except _Fail as exc:
                     if fail is None:
                         raise ValueError(f"{full}: {exc.message}") from None
-                    state.set_err(f"{full}: {exc.message}" if not exc.message.startswith("acl.") else exc.message)
+                    state.set_err(
+                        f"{full}: {exc.message}" if not exc.message.startswith("acl.") else exc.message
+                    )
                     state.error_log.append((full, exc.code, exc.message))
                     state.counters.failed_calls += 1
                     return fail(exc.code, parsed)
@@ -1531,8 +1656,11 @@ def _destroy_context(s: _FakeAcl, handle: int) -> int:
     """acl.rt.destroy_context(ctx) -> ret (not for the default context of set_device)."""
     ctx = s.lookup(handle, _Context, "context", ACL_ERROR_RT_PARAM_INVALID)
     if ctx.implicit:
-        raise _Fail(ACL_ERROR_RT_PARAM_INVALID, f"context {_hex(handle)} is the default context of device "
-                                                f"{ctx.device}; release it with acl.rt.reset_device")
+        raise _Fail(
+            ACL_ERROR_RT_PARAM_INVALID,
+            f"context {_hex(handle)} is the default context of device "
+            f"{ctx.device}; release it with acl.rt.reset_device",
+        )
     stream = s.objects.get(ctx.default_stream)
     if isinstance(stream, _Stream):
         s.drain(stream)  # a failure here is lost with the context, as on the device
@@ -1603,8 +1731,9 @@ def _free(s: _FakeAcl, ptr: int) -> int:
     return ACL_SUCCESS
 
 
-def _copy_checks(s: _FakeAcl, call: str, dst: int, dst_max: int, src: int, count: int, kind: int
-                 ) -> tuple[str, str] | None:
+def _copy_checks(
+    s: _FakeAcl, call: str, dst: int, dst_max: int, src: int, count: int, kind: int
+) -> tuple[str, str] | None:
     s.need_context(call)
     if count > dst_max:
         raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: count {count} > dst_max {dst_max}")
@@ -1703,8 +1832,11 @@ def _unload(s: _FakeAcl, model_id: int) -> int:
     if model.context != ctx.handle:
         raise _Fail(ACL_ERROR_RT_MODEL_CONTEXT, f"model {model_id} belongs to context {_hex(model.context)}")
     if model.pending:
-        raise _Fail(ACL_ERROR_RT_MODEL_RUNNING, f"model {model_id} still has {model.pending} queued execute_async "
-                                                f"task(s) on stream {_hex(model.pending_stream)}; synchronize first")
+        raise _Fail(
+            ACL_ERROR_RT_MODEL_RUNNING,
+            f"model {model_id} still has {model.pending} queued execute_async "
+            f"task(s) on stream {_hex(model.pending_stream)}; synchronize first",
+        )
     model.unloaded = True
     del s.models[model_id]
     return ACL_SUCCESS
@@ -1784,7 +1916,9 @@ def _dims(s: _FakeAcl, handle: int, index: int, outputs: bool, call: str) -> tup
     s.lookup(handle, _Desc, "model desc", ACL_ERROR_INVALID_PARAM)
     io = _desc_io(s, handle, index, outputs)
     if io is None:
-        raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: index {index} out of range (or desc not filled by get_desc)")
+        raise _Fail(
+            ACL_ERROR_INVALID_PARAM, f"{call}: index {index} out of range (or desc not filled by get_desc)"
+        )
     return _dims_dict(io.name, io.dims), ACL_SUCCESS
 
 
@@ -1872,9 +2006,12 @@ def _execute_async(s: _FakeAcl, model_id: int, in_ds: int, out_ds: int, handle: 
     stream = s.stream_for(handle, ctx, call)
     model, run = s.prepare_execute(model_id, in_ds, out_ds, call)
     if model.pending and model.pending_stream != stream.handle:
-        raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: model {model_id} still has queued work on stream "
-                                             f"{_hex(model.pending_stream)}; one model must not run concurrently "
-                                             "on several streams")
+        raise _Fail(
+            ACL_ERROR_INVALID_PARAM,
+            f"{call}: model {model_id} still has queued work on stream "
+            f"{_hex(model.pending_stream)}; one model must not run concurrently "
+            "on several streams",
+        )
 
     def cleanup() -> None:
         model.pending -= 1
@@ -1909,9 +2046,13 @@ def _set_input_dynamic_dims(s: _FakeAcl, model_id: int, ds: int, index: int, dim
             s.write_gear(model_id, ds, index, "dims", gear, call)
             return ACL_SUCCESS
     if model.dyn_kind != "dims":
-        raise _Fail(ACL_ERROR_MODEL_NOT_DYNAMIC, f"{call}: model {model_id} has no dynamic dims gears (it is "
-                                                 f"{model.dyn_kind or 'static'})")
-    raise _Fail(ACL_ERROR_GE_SHAPE_INVALID, f"{call}: dims {list(full)} match no compiled gear of model {model_id}")
+        raise _Fail(
+            ACL_ERROR_MODEL_NOT_DYNAMIC,
+            f"{call}: model {model_id} has no dynamic dims gears (it is {model.dyn_kind or 'static'})",
+        )
+    raise _Fail(
+        ACL_ERROR_GE_SHAPE_INVALID, f"{call}: dims {list(full)} match no compiled gear of model {model_id}"
+    )
 
 
 @_api("mdl.get_input_dynamic_gear_count", "kk", _pair)
@@ -1923,7 +2064,9 @@ def _get_input_dynamic_gear_count(s: _FakeAcl, handle: int, index: int) -> tuple
 
 
 @_api("mdl.get_input_dynamic_dims", "kkk", lambda code, _a: ([], code))
-def _get_input_dynamic_dims(s: _FakeAcl, handle: int, index: int, count: int) -> tuple[list[dict[str, Any]], int]:
+def _get_input_dynamic_dims(
+    s: _FakeAcl, handle: int, index: int, count: int
+) -> tuple[list[dict[str, Any]], int]:
     """acl.mdl.get_input_dynamic_dims(desc, idx, gear_count) -> ([dims dict per gear], ret)."""
     s.lookup(handle, _Desc, "model desc", ACL_ERROR_INVALID_PARAM)
     model = _desc_model(s, handle)
@@ -1947,8 +2090,10 @@ def _get_input_dynamic_dims(s: _FakeAcl, handle: int, index: int, count: int) ->
 def _host_view(s: _FakeAcl, ptr: int, size: int, call: str) -> int:
     where = s.where(ptr)
     if where == "device":
-        raise ValueError(f"{call}: {_hex(ptr)} is a device pointer; it is not host-accessible (real pyACL would "
-                         "crash reading it) - copy it to the host with acl.rt.memcpy first")
+        raise ValueError(
+            f"{call}: {_hex(ptr)} is a device pointer; it is not host-accessible (real pyACL would "
+            "crash reading it) - copy it to the host with acl.rt.memcpy first"
+        )
     if where == "handle":
         raise ValueError(f"{call}: {_hex(ptr)} is a fake-acl handle, not memory")
     if ptr == 0 or ptr < _MIN_HOST_PTR:
@@ -2039,7 +2184,9 @@ def model_options(path: str | os.PathLike[str], **options: str | None) -> None:
     ``dynamic_batch_size="1,2,4"``, ``dynamic_image_size="224,224;448,448"``, ``dynamic_dims="1;2;4"``."""
     unknown = set(options) - set(_MDL_OPTION_KEYS)
     if unknown:
-        raise TypeError(f"model_options: unknown option(s) {sorted(unknown)}; known: {list(_MDL_OPTION_KEYS)}")
+        raise TypeError(
+            f"model_options: unknown option(s) {sorted(unknown)}; known: {list(_MDL_OPTION_KEYS)}"
+        )
     with _STATE.lock:
         entry = _STATE.model_opts.setdefault(os.path.abspath(os.fspath(path)), {})
         entry.update({k: v for k, v in options.items() if v})
@@ -2077,8 +2224,15 @@ def live_handles() -> dict[str, list[int]]:
             "tensor_descs": [],
             "threads": [t.tid for t in s.threads.values() if not t.stopped],
         }
-        kinds = {_Context: "contexts", _Stream: "streams", _Event: "events", _Desc: "model_descs",
-                 _Dataset: "datasets", _DataBuffer: "data_buffers", _TensorDesc: "tensor_descs"}
+        kinds = {
+            _Context: "contexts",
+            _Stream: "streams",
+            _Event: "events",
+            _Desc: "model_descs",
+            _Dataset: "datasets",
+            _DataBuffer: "data_buffers",
+            _TensorDesc: "tensor_descs",
+        }
         for handle, obj in s.objects.items():
             if getattr(obj, "destroyed", False):
                 continue
@@ -2098,14 +2252,21 @@ def assert_no_leaks(*, allow: Iterable[str] = ()) -> None:
         with _STATE.lock:
             sizes = {a.base: a.size for a in _STATE.dev_allocs if not a.freed}
         detail = "; ".join(
-            f"{k}: " + ", ".join(f"{_hex(h)} ({sizes[h]} B)" if k == "device_memory" else
-                                 (str(h) if k in ("models", "devices", "threads") else _hex(h)) for h in v)
+            f"{k}: "
+            + ", ".join(
+                f"{_hex(h)} ({sizes[h]} B)"
+                if k == "device_memory"
+                else (str(h) if k in ("models", "devices", "threads") else _hex(h))
+                for h in v
+            )
             for k, v in leaks.items()
         )
         raise AssertionError(f"fake acl: leaked {detail}")
 
 
-def inject(call: str, code: int, *, after: int = 0, times: int | None = 1, at_sync: bool = False) -> Injection:
+def inject(
+    call: str, code: int, *, after: int = 0, times: int | None = 1, at_sync: bool = False
+) -> Injection:
     """Make ``acl.<call>`` fail with ``code``: after ``after`` matching calls, ``times`` times (None = forever).
 
     ``call`` is e.g. ``"mdl.execute_async"`` or ``"rt.malloc"`` (an ``acl.`` prefix is accepted).  The call
@@ -2224,9 +2385,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _format_guesses() -> str:
-    return "\nGuesses (behaviour not pinned by the reference; verify on hardware):\n\n" + "\n".join(
-        f"{i}. {g}" for i, g in enumerate(GUESSES, start=1)
-    ) + "\n"
+    return (
+        "\nGuesses (behaviour not pinned by the reference; verify on hardware):\n\n"
+        + "\n".join(f"{i}. {g}" for i, g in enumerate(GUESSES, start=1))
+        + "\n"
+    )
 
 
 __doc__ = (__doc__ or "") + _format_guesses()

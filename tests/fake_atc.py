@@ -51,11 +51,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = os.environ.get("FAKE_ATC_LOG")
     if log:
         with open(log, "a") as f:
-            f.write(json.dumps({"argv": argv, "cwd": os.getcwd(),
-                                "keep_dtype_exists": os.path.isfile(args.get("keep_dtype", ""))}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "argv": argv,
+                        "cwd": os.getcwd(),
+                        "keep_dtype_exists": os.path.isfile(args.get("keep_dtype", "")),
+                    }
+                )
+                + "\n"
+            )
     print("ATC start working now, please wait for a moment.", flush=True)
-    if args.get("framework") != "5" or not args.get("soc_version", "").startswith("Ascend") \
-            or args.get("log") != "error" or "model" not in args or "output" not in args:
+    if (
+        args.get("framework") != "5"
+        or not args.get("soc_version", "").startswith("Ascend")
+        or args.get("log") != "error"
+        or "model" not in args
+        or "output" not in args
+    ):
         print("E10001: bad framework / soc_version / log / model / output", flush=True)
         return 2
     graph = os.path.splitext(os.path.basename(args["model"]))[0]

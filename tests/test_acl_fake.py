@@ -83,12 +83,16 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
     two = np.array([2.0], np.float32)
     g = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["doubled"]),
-         helper.make_node("ArgMax", ["x"], ["best"], axis=1, keepdims=1)],
+        [
+            helper.make_node("Mul", ["x", "two"], ["doubled"]),
+            helper.make_node("ArgMax", ["x"], ["best"], axis=1, keepdims=1),
+        ],
         "two_outputs",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-        [helper.make_tensor_value_info("doubled", TensorProto.FLOAT, [1, 8]),
-         helper.make_tensor_value_info("best", TensorProto.INT64, [1, 1])],
+        [
+            helper.make_tensor_value_info("doubled", TensorProto.FLOAT, [1, 8]),
+            helper.make_tensor_value_info("best", TensorProto.INT64, [1, 1]),
+        ],
         [numpy_helper.from_array(two, "two")],
     )
     out["two"] = _save(helper.make_model(g, opset_imports=opset), d / "two.om")
@@ -154,8 +158,10 @@ def load(acl: types.ModuleType, path: str) -> tuple[int, int]:
     assert acl.mdl.get_desc(desc, model_id) == 0
     return model_id, desc
 
-def linear_io(acl: types.ModuleType, models: dict[str, str], fill: float = 0.0
-              ) -> tuple[int, int, int, int, int, int]:
+
+def linear_io(
+    acl: types.ModuleType, models: dict[str, str], fill: float = 0.0
+) -> tuple[int, int, int, int, int, int]:
     """The ``linear`` model loaded, its input ``x`` (2x4 float32, set to ``fill``) and output ``y`` on the device,
     each in a dataset: ``(model_id, desc, x, y, ins, outs)``."""
     model_id, desc = load(acl, models["linear"])
@@ -165,7 +171,6 @@ def linear_io(acl: types.ModuleType, models: dict[str, str], fill: float = 0.0
     ins, _ = dataset(acl, (x, 32))
     outs, _ = dataset(acl, (y, 24))
     return model_id, desc, x, y, ins, outs
-
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -180,9 +185,17 @@ def test_module_surface_install_and_guesses(acl: types.ModuleType) -> None:
     for name in ("rt", "mdl", "util", "op", "media", "blas", "prof", "himpi", "fv"):
         assert isinstance(getattr(acl, name), types.ModuleType)
     assert len(fake.api_names()) == 45  # the calls AclRuntime and vostream doctor make, nothing else
-    for name in ("rt.malloc", "rt.memcpy", "mdl.execute_async", "mdl.set_input_dynamic_dims", "update_data_buffer"):
+    for name in (
+        "rt.malloc",
+        "rt.memcpy",
+        "mdl.execute_async",
+        "mdl.set_input_dynamic_dims",
+        "update_data_buffer",
+    ):
         assert name in fake.api_names()
-    assert not hasattr(acl.mdl, "execute") and not hasattr(acl.rt, "memcpy_async")  # never used by the product
+    assert not hasattr(acl.mdl, "execute") and not hasattr(
+        acl.rt, "memcpy_async"
+    )  # never used by the product
     assert not [n for n in dir(acl) if n.startswith("ACL_")], "the real module defines no constants"
     assert fake.__test__ is False
     assert len(fake.GUESSES) >= 10 and all(g in (fake.__doc__ or "") for g in fake.GUESSES)
@@ -403,7 +416,9 @@ def test_linear_model_execute_async_into_an_interior_offset(dev: Any, models: di
     assert acl.mdl.get_input_dims(desc, 0) == ({"name": "x", "dimCount": 2, "dims": [2, 4]}, 0)
     assert acl.mdl.get_output_dims(desc, 0) == ({"name": "y", "dimCount": 2, "dims": [2, 3]}, 0)
     assert acl.mdl.get_input_data_type(desc, 0) == fake.ACL_FLOAT
-    assert acl.mdl.get_input_name_by_index(desc, 0) == "x" and acl.mdl.get_output_name_by_index(desc, 0) == "y"
+    assert (
+        acl.mdl.get_input_name_by_index(desc, 0) == "x" and acl.mdl.get_output_name_by_index(desc, 0) == "y"
+    )
 
     x_host = np.array([[1, 2, 3, 4], [-1, 0.5, 0, 2]], np.float32)
     x_dev, _ = acl.rt.malloc(32, 0)
@@ -509,7 +524,10 @@ def test_load_errors(dev: Any, models: dict[str, str], tmp_path: Path) -> None:
     assert "dynamic dim" in acl.get_recent_err_msg()
     fake.model_options(models["dyn_none"], input_shape="x:3,4")  # like ATC --input_shape
     model_id, desc = load(acl, models["dyn_none"])
-    assert acl.mdl.get_input_dims(desc, 0)[0]["dims"] == [3, 4] and acl.mdl.get_output_size_by_index(desc, 0) == 48
+    assert (
+        acl.mdl.get_input_dims(desc, 0)[0]["dims"] == [3, 4]
+        and acl.mdl.get_output_size_by_index(desc, 0) == 48
+    )
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -616,9 +634,14 @@ def test_fault_injection(dev: Any, models: dict[str, str]) -> None:
     fake.inject("mdl.get_input_dims", fake.ACL_ERROR_INVALID_PARAM)
     assert acl.mdl.get_input_dims(desc, 0) == ({}, fake.ACL_ERROR_INVALID_PARAM)
     fake.inject("mdl.add_dataset_buffer", fake.ACL_ERROR_INVALID_PARAM)
-    assert acl.mdl.add_dataset_buffer(ins, acl.create_data_buffer(x, 32)) == (ins, fake.ACL_ERROR_INVALID_PARAM)
+    assert acl.mdl.add_dataset_buffer(ins, acl.create_data_buffer(x, 32)) == (
+        ins,
+        fake.ACL_ERROR_INVALID_PARAM,
+    )
     fake.inject("rt.synchronize_stream", fake.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, times=None)
-    assert [acl.rt.synchronize_stream(stream) for _ in range(3)] == [fake.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT] * 3
+    assert [acl.rt.synchronize_stream(stream) for _ in range(3)] == [
+        fake.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+    ] * 3
     fake.clear_injections()
     assert acl.rt.synchronize_stream(stream) == 0
     with pytest.raises(ValueError):

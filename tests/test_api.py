@@ -8,9 +8,9 @@ import time
 
 import numpy as np
 import pytest
+from media import make_video, square_frames, square_mask
 
 import vostream
-from media import make_video, square_frames, square_mask
 
 W, H, N = 160, 96, 30
 

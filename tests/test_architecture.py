@@ -17,14 +17,20 @@ APPS = "vostream.pipeline.apps"
 
 #: (module prefix, what its modules may import from vostream); the first matching prefix applies
 RULES: list[tuple[str, tuple[str, ...]]] = [
-    (APPS, ("vostream",)),                                     # applications: anything
-    ("vostream.samples.examples", ("vostream",)),              # runnable examples use the public API
+    (APPS, ("vostream",)),  # applications: anything
+    ("vostream.samples.examples", ("vostream",)),  # runnable examples use the public API
     ("vostream.stages.sources", (CORE, "vostream.stages.sources")),
-    ("vostream.stages.trackers.sam2.backends", (CORE, "vostream.stages.trackers.base",
-                                                "vostream.stages.trackers.sam2.manifest",
-                                                "vostream.stages.trackers.sam2.runtime",
-                                                "vostream.stages.trackers.sam2.session",
-                                                "vostream.stages.trackers.sam2.backends")),
+    (
+        "vostream.stages.trackers.sam2.backends",
+        (
+            CORE,
+            "vostream.stages.trackers.base",
+            "vostream.stages.trackers.sam2.manifest",
+            "vostream.stages.trackers.sam2.runtime",
+            "vostream.stages.trackers.sam2.session",
+            "vostream.stages.trackers.sam2.backends",
+        ),
+    ),
     ("vostream.stages.trackers", (CORE, "vostream.stages.trackers")),
     ("vostream.stages", (CORE, "vostream.stages")),
     ("vostream.sinks", (CORE, "vostream.sinks")),
@@ -82,7 +88,9 @@ def allowed(importer: str, imported: str) -> bool:
 
 
 def product_modules() -> list[Path]:
-    return sorted(p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts)
+    return sorted(
+        p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts
+    )
 
 
 def test_every_module_follows_its_folders_import_rule():
@@ -95,16 +103,19 @@ def test_every_module_follows_its_folders_import_rule():
     assert not broken, "imports against docs/architecture.md:\n" + "\n".join(broken)
 
 
-@pytest.mark.parametrize("importer, imported, ok", [
-    ("vostream.pipeline.engine", "vostream.pipeline.types", True),
-    ("vostream.pipeline.engine", "vostream.stages.track", False),
-    ("vostream.pipeline.engine", "vostream.pipeline.apps.track", False),
-    ("vostream.sinks.rtsp", "vostream.stages.sources.live", False),
-    ("vostream.stages.sources.live", "vostream.pipeline.reconnect", True),
-    ("vostream.stages.trackers.sam2.backends.acl", "vostream.stages.trackers.sam2", False),
-    ("vostream.stages.track", "vostream.pipeline.apps.prompts", False),
-    ("vostream.pipeline.apps.serve.session", "vostream.sinks.websocket", True),
-])
+@pytest.mark.parametrize(
+    "importer, imported, ok",
+    [
+        ("vostream.pipeline.engine", "vostream.pipeline.types", True),
+        ("vostream.pipeline.engine", "vostream.stages.track", False),
+        ("vostream.pipeline.engine", "vostream.pipeline.apps.track", False),
+        ("vostream.sinks.rtsp", "vostream.stages.sources.live", False),
+        ("vostream.stages.sources.live", "vostream.pipeline.reconnect", True),
+        ("vostream.stages.trackers.sam2.backends.acl", "vostream.stages.trackers.sam2", False),
+        ("vostream.stages.track", "vostream.pipeline.apps.prompts", False),
+        ("vostream.pipeline.apps.serve.session", "vostream.sinks.websocket", True),
+    ],
+)
 def test_the_rules_themselves(importer, imported, ok):
     """The checker refuses the backwards imports the layout removed (and allows the forward ones)."""
     assert allowed(importer, imported) is ok

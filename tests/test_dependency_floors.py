@@ -19,9 +19,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "tests" / "min-constraints.txt"
-CORE_TESTS = ["test_pipeline_engine.py", "test_pipeline_metrics.py", "test_sources.py", "test_sinks.py",
-              "test_postprocess.py", "test_preprocess_track_stage.py", "test_track_pipeline.py",
-              "test_prompts_config.py", "test_api.py", "test_scenes.py", "test_serve.py"]
+CORE_TESTS = [
+    "test_pipeline_engine.py",
+    "test_pipeline_metrics.py",
+    "test_sources.py",
+    "test_sinks.py",
+    "test_postprocess.py",
+    "test_preprocess_track_stage.py",
+    "test_track_pipeline.py",
+    "test_prompts_config.py",
+    "test_api.py",
+    "test_scenes.py",
+    "test_serve.py",
+]
 PACKAGES = ("pipeline", "stages", "sinks", "samples", "web")
 
 if sys.version_info >= (3, 11):
@@ -66,13 +76,34 @@ def test_core_tests_pass_at_the_floors(tmp_path):
     python = env_dir / "bin" / "python"
     if not (env_dir / "ready").exists():
         venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
-        r = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                            "-c", str(CONSTRAINTS), *_pins(), "pytest", "pytest-timeout", "psutil"],
-                           capture_output=True, text=True, timeout=900)
+        r = subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "-c",
+                str(CONSTRAINTS),
+                *_pins(),
+                "pytest",
+                "pytest-timeout",
+                "psutil",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert r.returncode == 0, "installing the floors failed:\n" + r.stdout[-3000:] + r.stderr[-3000:]
         (env_dir / "ready").write_text("ok")
-    installed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], capture_output=True,
-                               text=True, check=True).stdout.lower().replace("_", "-")
+    installed = (
+        subprocess.run(
+            [str(python), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True, check=True
+        )
+        .stdout.lower()
+        .replace("_", "-")
+    )
     for name, ver in _pins().items():
         assert f"{name}=={ver}" in installed, f"{name} {ver} is not what the floors environment holds"
     # the source tree, laid out as the installed namespace (as the mypy test does)
@@ -83,9 +114,23 @@ def test_core_tests_pass_at_the_floors(tmp_path):
     (pkg / "__init__.py").symlink_to(ROOT / "pipeline" / "api" / "__init__.py")
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "VOSTREAM_STRICT_SKIPS", "PYTHONPATH")}
     env["PYTHONPATH"] = str(tmp_path / "site")
-    r = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                        *(str(ROOT / "tests" / t) for t in CORE_TESTS)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    r = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-x",
+            *(str(ROOT / "tests" / t) for t in CORE_TESTS),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     tail = r.stdout[-4000:] + r.stderr[-2000:]
     assert r.returncode == 0, "core tests at the dependency floors:\n" + tail
     assert re.search(r"\d+ passed", r.stdout), tail

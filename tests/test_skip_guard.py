@@ -36,9 +36,26 @@ def run(tmp_path: Path, source: str, ci: bool) -> subprocess.CompletedProcess[st
     if ci:
         env["CI"] = "true"
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "skip_guard", "-p", "no:cacheprovider",
-                           "--rootdir", str(tmp_path), str(tmp_path / "test_probe.py")],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "skip_guard",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_probe.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
 
 
 def test_a_missing_dependency_fails_the_run_in_ci(tmp_path):
@@ -49,7 +66,9 @@ def test_a_missing_dependency_fails_the_run_in_ci(tmp_path):
 
 def test_outside_ci_a_skip_is_a_skip(tmp_path):
     r = run(tmp_path, MODULE, ci=False)
-    assert r.returncode == 5, r.stdout + r.stderr  # pytest's "no tests ran": the module was skipped, not failed
+    assert r.returncode == 5, (
+        r.stdout + r.stderr
+    )  # pytest's "no tests ran": the module was skipped, not failed
     assert "1 skipped" in r.stdout
 
 

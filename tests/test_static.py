@@ -23,16 +23,31 @@ def test_mypy_clean(tmp_path):
         (pkg / name).symlink_to(ROOT / name)
     (pkg / "__init__.py").symlink_to(ROOT / "pipeline" / "api" / "__init__.py")  # the facade (package-dir)
     (pkg / "py.typed").symlink_to(ROOT / "pipeline" / "api" / "py.typed")
-    r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-                        "--cache-dir", str(tmp_path / ".mypy_cache"), "-p", "vostream"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--cache-dir",
+            str(tmp_path / ".mypy_cache"),
+            "-p",
+            "vostream",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("ruff", reason="ruff is part of the [test] extra: pip install -e '.[test]'")
-    return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_ruff_lint_clean():

@@ -48,9 +48,13 @@ from vostream.stages.trackers import Tracker, load_tracker
 __version__ = package_version()
 
 
-def prompts_from(point: tuple[float, float] | Sequence[tuple[float, float]] | None = None,
-                 box: tuple[float, float, float, float] | None = None, mask: np.ndarray | None = None,
-                 prompts: Iterable[Control] = (), obj_id: int = 1) -> list[Control]:
+def prompts_from(
+    point: tuple[float, float] | Sequence[tuple[float, float]] | None = None,
+    box: tuple[float, float, float, float] | None = None,
+    mask: np.ndarray | None = None,
+    prompts: Iterable[Control] = (),
+    obj_id: int = 1,
+) -> list[Control]:
     """``prompts`` plus one first-frame prompt for object ``obj_id`` made of a click (or several positive clicks),
     a box ``(x0, y0, x1, y1)`` and/or a boolean mask, in source pixels.  Raises :class:`PromptError` when there is
     nothing to track."""
@@ -58,26 +62,52 @@ def prompts_from(point: tuple[float, float] | Sequence[tuple[float, float]] | No
     if point is not None or box is not None or mask is not None:
         points: list[list[float]] = []
         if point is not None:
-            pts = [point] if isinstance(point[0], (int, float, np.number)) else point  # type: ignore[index]
-            points = [[float(x), float(y)] for x, y in pts]  # type: ignore[misc]
-        out.append(Prompt(obj_id=obj_id, frame_index=0, points=points, labels=[1] * len(points),
-                          box=None if box is None else [float(v) for v in box], mask=mask))
+            pts = np.asarray(point, dtype=np.float64).reshape(-1, 2)  # one (x, y) or several
+            points = [[float(x), float(y)] for x, y in pts]
+        out.append(
+            Prompt(
+                obj_id=obj_id,
+                frame_index=0,
+                points=points,
+                labels=[1] * len(points),
+                box=None if box is None else [float(v) for v in box],
+                mask=mask,
+            )
+        )
     if not out:
-        raise PromptError("nothing to track: give point=(x, y), box=(x0, y0, x1, y1), mask=... or prompts=[...]")
+        raise PromptError(
+            "nothing to track: give point=(x, y), box=(x0, y0, x1, y1), mask=... or prompts=[...]"
+        )
     return out
 
 
-def track(source: str | Path, *, point: Any = None, box: Any = None, mask: np.ndarray | None = None,
-          prompts: Iterable[Control] = (), out: str | Path = "out/track", save: Sequence[str] = DEFAULT_SAVE,
-          backend: str = "classic", quiet: bool = True, **tracker_options: Any) -> RunReport:
+def track(
+    source: str | Path,
+    *,
+    point: Any = None,
+    box: Any = None,
+    mask: np.ndarray | None = None,
+    prompts: Iterable[Control] = (),
+    out: str | Path = "out/track",
+    save: Sequence[str] = DEFAULT_SAVE,
+    backend: str = "classic",
+    quiet: bool = True,
+    **tracker_options: Any,
+) -> RunReport:
     """Run the ``vostream track`` job on ``source`` (a file, a frames directory, ``rtsp://...``, ``/dev/video0``)
     and write ``save`` (``video``, ``png``, ``json``, ``mot``) plus ``summary.json`` under ``out``.
 
     ``tracker_options`` go to the backend (``model=DIR`` for ``onnx``/``acl``).  Returns the run's
     :class:`RunReport`; raises a :class:`VostreamError` subclass naming the input or stage at fault."""
-    settings = TrackSettings(source=str(source), out=str(out), save=tuple(save), backend=backend,
-                             prompts=prompts_from(point, box, mask, prompts), quiet=quiet,
-                             tracker=dict(tracker_options))
+    settings = TrackSettings(
+        source=str(source),
+        out=str(out),
+        save=tuple(save),
+        backend=backend,
+        prompts=prompts_from(point, box, mask, prompts),
+        quiet=quiet,
+        tracker=dict(tracker_options),
+    )
     return run_track(settings)
 
 
@@ -176,9 +206,18 @@ class _QueueSinkSpec(SinkSpec[Frame]):
         return _QueueSink(self.results, self.stop)
 
 
-def open(source: str | Path, *, point: Any = None, box: Any = None, mask: np.ndarray | None = None,  # noqa: A001
-         prompts: Iterable[Control] = (), backend: str = "classic", tracker: Tracker | None = None,
-         queue_size: int = 8, **tracker_options: Any) -> Stream:
+def open(
+    source: str | Path,
+    *,
+    point: Any = None,
+    box: Any = None,
+    mask: np.ndarray | None = None,  # noqa: A001
+    prompts: Iterable[Control] = (),
+    backend: str = "classic",
+    tracker: Tracker | None = None,
+    queue_size: int = 8,
+    **tracker_options: Any,
+) -> Stream:
     """Start tracking ``source`` and return a :class:`Stream` of its frames with results.
 
     ``tracker``: an already loaded tracker to share (it is not closed with the stream); otherwise ``backend`` is
@@ -191,8 +230,14 @@ def open(source: str | Path, *, point: Any = None, box: Any = None, mask: np.nda
     try:
         src = open_source(str(source))
         results: queue.Queue[Any] = queue.Queue(maxsize=max(1, queue_size))
-        pipe = assemble_track(src, loaded, [_QueueSinkSpec(results)], prompts=items, queue_size=queue_size,
-                              name=Path(str(source)).name or "stream")
+        pipe = assemble_track(
+            src,
+            loaded,
+            [_QueueSinkSpec(results)],
+            prompts=items,
+            queue_size=queue_size,
+            name=Path(str(source)).name or "stream",
+        )
         pipe.start()
     except BaseException:
         if owned:

@@ -26,9 +26,18 @@ def preprocess_ring(queue_size: int) -> int:
     return queue_size + 4
 
 
-def assemble_track(source: Source[Frame], tracker: Tracker, sinks: Sequence[SinkSpec[Any]], *,
-                   prompts: Iterable[Control] = (), queue_size: int = 8, policy: str | None = None,
-                   name: str = "track", fill_holes: bool = False, min_area: int = 0) -> Pipeline:
+def assemble_track(
+    source: Source[Frame],
+    tracker: Tracker,
+    sinks: Sequence[SinkSpec[Any]],
+    *,
+    prompts: Iterable[Control] = (),
+    queue_size: int = 8,
+    policy: str | None = None,
+    name: str = "track",
+    fill_holes: bool = False,
+    min_area: int = 0,
+) -> Pipeline:
     """The pipeline tracking ``source`` with ``tracker`` (one new :class:`TrackerSession`) into ``sinks``.
 
     ``prompts`` are applied at the frames they name; more can be sent while running with

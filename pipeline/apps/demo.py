@@ -42,8 +42,10 @@ def ensure_demo_media(scene_name: str, samples_dir: Path) -> tuple[Path, Path, P
     tmp = video.with_name(video.stem + ".partial.mp4")
     write_scene(scene, tmp, gt_dir=gt_dir)
     os.replace(tmp, video)
-    entries = [{"obj": oid, "frame": 0, "points": [list(map(round, scene.click(oid)))], "labels": [1]}
-               for oid in scene.obj_ids]
+    entries = [
+        {"obj": oid, "frame": 0, "points": [list(map(round, scene.click(oid)))], "labels": [1]}
+        for oid in scene.obj_ids
+    ]
     atomic_write_text(prompts, json.dumps({"prompts": entries}, indent=1))
     return video, prompts, gt_dir
 
@@ -66,8 +68,9 @@ def score_against_gt(masks_dir: Path, gt_dir: Path) -> float | None:
     return float(np.mean(scores)) if scores else None
 
 
-def run_demo(out: str = "out/demo", scene: str = "crossing", samples_dir: str | None = None,
-             quiet: bool = False) -> RunReport:
+def run_demo(
+    out: str = "out/demo", scene: str = "crossing", samples_dir: str | None = None, quiet: bool = False
+) -> RunReport:
     """``vostream demo``: make the sample (once), track it from one click per object, write every output."""
     media = Path(samples_dir) if samples_dir else default_samples_dir()
     try:
@@ -75,7 +78,9 @@ def run_demo(out: str = "out/demo", scene: str = "crossing", samples_dir: str | 
     except OSError as exc:
         raise OutputError(f"samples directory {str(media)!r} cannot be created: {exc.strerror}") from exc
     video, prompts, gt_dir = ensure_demo_media(scene, media)
-    settings = TrackSettings(source=str(video), out=out, save=SAVE_FORMATS, prompts_file=str(prompts), quiet=quiet)
+    settings = TrackSettings(
+        source=str(video), out=out, save=SAVE_FORMATS, prompts_file=str(prompts), quiet=quiet
+    )
     report = run_track(settings)
     if not report.interrupted:
         score = score_against_gt(Path(out) / "masks", gt_dir)

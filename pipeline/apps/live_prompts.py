@@ -47,7 +47,7 @@ def load_live_prompts(path: str | os.PathLike[str]) -> tuple[list[Any], list[Tim
         raise PromptError(f"prompts file {p!r}: cannot be read as JSON ({err})") from err
     entries = data.get("prompts") if isinstance(data, dict) else data
     if not isinstance(entries, list):
-        raise PromptError(f"prompts file {p!r}: expected {{\"prompts\": [...]}}")
+        raise PromptError(f'prompts file {p!r}: expected {{"prompts": [...]}}')
     base = os.path.dirname(os.path.abspath(p))
     plain: list[dict[str, Any]] = []
     timed: list[TimedPrompt] = []
@@ -64,8 +64,13 @@ def load_live_prompts(path: str | os.PathLike[str]) -> tuple[list[Any], list[Tim
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
             raise PromptError(f"{where}: the trigger must be a number of seconds >= 0, got {value!r}")
         for message in prompts_from_dicts([entry], where, Path(base)):
-            timed.append(TimedPrompt(message, float(after) if after is not None else None,
-                                     float(at) if at is not None else None))
+            timed.append(
+                TimedPrompt(
+                    message,
+                    float(after) if after is not None else None,
+                    float(at) if at is not None else None,
+                )
+            )
     return prompts_from_dicts(plain, f"prompts file {p!r}", Path(base)) if plain else [], timed
 
 
@@ -85,8 +90,15 @@ class PromptTimer:
     ``failed``.
     """
 
-    def __init__(self, send: Callable[[Any], Any], source: Any, prompts: list[TimedPrompt], *,
-                 clock: Callable[[], float] = time.time, poll_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        send: Callable[[Any], Any],
+        source: Any,
+        prompts: list[TimedPrompt],
+        *,
+        clock: Callable[[], float] = time.time,
+        poll_s: float = 0.02,
+    ) -> None:
         self.send = send
         self.source = source
         self.clock = clock

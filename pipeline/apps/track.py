@@ -51,8 +51,10 @@ def collect_prompts(settings: TrackSettings) -> list[Any]:
     if settings.prompts_file:
         prompts += load_prompts_file(settings.prompts_file)
     if not prompts:
-        raise ConfigError("nothing to track: give a prompt (--point X,Y, --box X0,Y0,X1,Y1, --mask PNG) "
-                          "or a prompts file (--prompts FILE.json)")
+        raise ConfigError(
+            "nothing to track: give a prompt (--point X,Y, --box X0,Y0,X1,Y1, --mask PNG) "
+            "or a prompts file (--prompts FILE.json)"
+        )
     return prompts
 
 
@@ -83,8 +85,9 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
         info = probe(settings.source)
     prompts = list(settings.prompts) if live_source is not None and timed else collect_prompts(settings)
     check_prompt_sequence(prompts, info.width, info.height, settings.source)
-    if live_source is not None:  # wall-clock prompts: their frame is not known yet, but they must fit the frame
-
+    if (
+        live_source is not None
+    ):  # wall-clock prompts: their frame is not known yet, but they must fit the frame
         for item in timed:
             if isinstance(item.message, Prompt):
                 item.message.check_bounds(info.width, info.height, settings.source)
@@ -97,21 +100,39 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
     try:  # a failure from here on must not leak the tracker's graphs and device memory
         source = live_source or open_source(settings.source, max_frames=settings.max_frames)
         queue_size = settings.live_queue_size if live_source is not None else settings.queue_size
-        sinks = build_file_sinks(out_dir, settings.save, fps=info.fps, source_name=Path(settings.source).name) \
-            if out_dir is not None else []
+        sinks = (
+            build_file_sinks(out_dir, settings.save, fps=info.fps, source_name=Path(settings.source).name)
+            if out_dir is not None
+            else []
+        )
         if settings.rtsp_out:
             sinks.append(rtsp_out_spec(settings, info.fps))
-        pipe = assemble_track(source, tracker, sinks, prompts=prompts, queue_size=queue_size, policy=settings.policy,
-                              name=Path(settings.source).name, fill_holes=settings.fill_holes,
-                              min_area=settings.min_area)
+        pipe = assemble_track(
+            source,
+            tracker,
+            sinks,
+            prompts=prompts,
+            queue_size=queue_size,
+            policy=settings.policy,
+            name=Path(settings.source).name,
+            fill_holes=settings.fill_holes,
+            min_area=settings.min_area,
+        )
     except BaseException:
         if owned:
             tracker.close()
         raise
-    facts = {"source": settings.source, "width": info.width, "height": info.height, "fps": info.fps,
-             "frames_expected": info.frames, "out": None if out_dir is None else str(out_dir),
-             "backend": settings.backend, "save": list(settings.save) if out_dir is not None else [],
-             "objects": sorted({p.obj_id for p in prompts if hasattr(p, "points")})}
+    facts = {
+        "source": settings.source,
+        "width": info.width,
+        "height": info.height,
+        "fps": info.fps,
+        "frames_expected": info.frames,
+        "out": None if out_dir is None else str(out_dir),
+        "backend": settings.backend,
+        "save": list(settings.save) if out_dir is not None else [],
+        "objects": sorted({p.obj_id for p in prompts if hasattr(p, "points")}),
+    }
     for key in ("model", "provider"):
         if options.get(key) is not None:
             facts[key] = str(options[key])
@@ -138,19 +159,30 @@ def open_live_for_track(settings: TrackSettings) -> tuple[LiveSource, VideoInfo,
         settings.prompts_file = None
     if not settings.prompts and timed:
         settings.prompts = []
-    policy = ReconnectPolicy(initial_s=min(0.5, settings.reconnect_max_delay), max_s=settings.reconnect_max_delay,
-                             max_attempts=settings.reconnect_attempts)
-    options = dict(transport=settings.rtsp_transport, open_timeout=settings.open_timeout,
-                   read_timeout=settings.read_timeout, reconnect=policy, max_frames=settings.max_frames)
+    policy = ReconnectPolicy(
+        initial_s=min(0.5, settings.reconnect_max_delay),
+        max_s=settings.reconnect_max_delay,
+        max_attempts=settings.reconnect_attempts,
+    )
+    options = dict(
+        transport=settings.rtsp_transport,
+        open_timeout=settings.open_timeout,
+        read_timeout=settings.read_timeout,
+        reconnect=policy,
+        max_frames=settings.max_frames,
+    )
     # Probe with a connection of its own and close it: the pipeline's source connects when the pipeline starts,
     # so frames buffered while the tracker loads do not arrive as a stale burst.
+    assert settings.source is not None
     with open_live(settings.source, **options) as probe:
         info = VideoInfo(probe.width, probe.height, probe.fps or 25.0, None, "live", 0)
     return open_live(settings.source, **options), info, timed
 
 
 #: Signals that stop a run cleanly (outputs finalised): Ctrl-C, ``kill``, and the terminal going away.
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 
 
 class _Progress:
@@ -198,11 +230,21 @@ def _run_with_progress(pipe: Pipeline, total: int | None, quiet: bool) -> RunRep
     return report
 
 
-def write_summary(path: Path, facts: dict[str, Any], report: RunReport, error: str | None = None) -> dict[str, Any]:
+def write_summary(
+    path: Path, facts: dict[str, Any], report: RunReport, error: str | None = None
+) -> dict[str, Any]:
     """``summary.json``: the run's facts, frame count, speed, per-stage metrics and, for a failed run, the error."""
     summary = {k: v for k, v in facts.items() if not k.startswith("_")}
-    summary.update({"frames": report.frames, "wall_s": round(report.wall_s, 3), "fps": round(report.fps, 2),
-                    "interrupted": report.interrupted, "error": error, "metrics": report.metrics.as_dict()})
+    summary.update(
+        {
+            "frames": report.frames,
+            "wall_s": round(report.wall_s, 3),
+            "fps": round(report.fps, 2),
+            "interrupted": report.interrupted,
+            "error": error,
+            "metrics": report.metrics.as_dict(),
+        }
+    )
     atomic_write_text(path, json.dumps(summary, indent=2, default=str))
     return summary
 
@@ -222,11 +264,15 @@ def run_warnings(metrics: dict[str, Any]) -> list[str]:
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    lines = [f"{summary['frames']} frames in {summary['wall_s']:.2f} s ({summary['fps']:.1f} fps)"
-             + (" — interrupted, outputs finalised" if summary["interrupted"] else "")]
+    lines = [
+        f"{summary['frames']} frames in {summary['wall_s']:.2f} s ({summary['fps']:.1f} fps)"
+        + (" — interrupted, outputs finalised" if summary["interrupted"] else "")
+    ]
     for node in summary["metrics"].get("nodes", []):
-        lines.append(f"  {node['name']:<22} {node['frames_out']:6d} frames  p50 {node['latency_ms_p50']:7.2f} ms  "
-                     f"p95 {node['latency_ms_p95']:7.2f} ms  drops {node['drops']}")
+        lines.append(
+            f"  {node['name']:<22} {node['frames_out']:6d} frames  p50 {node['latency_ms_p50']:7.2f} ms  "
+            f"p95 {node['latency_ms_p95']:7.2f} ms  drops {node['drops']}"
+        )
     lines += [f"warning: {w}" for w in run_warnings(summary["metrics"])]
     lines.append(f"outputs in {summary['out']}")
     return "\n".join(lines)
@@ -250,7 +296,9 @@ def run_track(settings: TrackSettings) -> RunReport:
     finally:
         if timer is not None:
             timer.close()
-        if tracker is not None:  # frees the backend's graphs and device memory (the sessions closed with the run)
+        if (
+            tracker is not None
+        ):  # frees the backend's graphs and device memory (the sessions closed with the run)
             tracker.close()
     if not facts["out"]:
         if not settings.quiet:

@@ -18,11 +18,23 @@ from vostream.stages.sources.file import VideoFileSource, VideoInfo, to_rgb
 from vostream.stages.sources.frames import IMAGE_EXTENSIONS, FrameDirSource, list_images, natural_key
 from vostream.stages.sources.live import LiveSource, open_live
 
-_LIVE_PREFIXES = ("rtsp://", "rtsps://", "rtmp://", "rtmps://", "http://", "https://", "udp://", "tcp://",
-                  "srt://", "/dev/video")
+_LIVE_PREFIXES = (
+    "rtsp://",
+    "rtsps://",
+    "rtmp://",
+    "rtmps://",
+    "http://",
+    "https://",
+    "udp://",
+    "tcp://",
+    "srt://",
+    "/dev/video",
+)
 
 
-def probe(path: str | os.PathLike[str], timeout: float | tuple[float, float] | None = (10.0, 10.0)) -> VideoInfo:
+def probe(
+    path: str | os.PathLike[str], timeout: float | tuple[float, float] | None = (10.0, 10.0)
+) -> VideoInfo:
     """Size (upright), frame rate, frame-count estimate, codec name and rotation of a video file.
 
     Decodes only the first frame (needed for the rotation).  A frames directory gives its first image's size,
@@ -35,8 +47,14 @@ def probe(path: str | os.PathLike[str], timeout: float | tuple[float, float] | N
     source = VideoFileSource(path, timeout=timeout, threads=1)
     try:
         source.open()
-        return VideoInfo(source.width, source.height, source.fps, source.length,
-                         source._stream.codec_context.name, source.rotation)
+        return VideoInfo(
+            source.width,
+            source.height,
+            source.fps,
+            source.length,
+            source._stream.codec_context.name,
+            source.rotation,
+        )
     finally:
         source.close()
 
@@ -62,7 +80,7 @@ def open_source(uri: str | os.PathLike[str], **options: Any) -> Source[Frame]:
     """
     text = os.fspath(uri)
     if text.startswith("file://"):
-        text = text[len("file://"):]
+        text = text[len("file://") :]
     if is_live_uri(text):
         return open_live_source(text, **options)
     if os.path.isdir(text):

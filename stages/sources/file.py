@@ -10,12 +10,14 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from fractions import Fraction
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import av
 import cv2
 import numpy as np
+
 from vostream.pipeline.errors import ConfigError, SourceError
 from vostream.pipeline.stage import Source
 from vostream.pipeline.types import Frame
@@ -60,14 +62,18 @@ def _open_container(path: str, timeout: float | tuple[float, float] | None) -> A
     if not os.path.exists(path):
         raise SourceError(f"no such file or directory: {path!r}")
     if os.path.isdir(path):
-        raise SourceError(f"{path!r} is a directory, not a video file; use FrameDirSource for a frames directory")
+        raise SourceError(
+            f"{path!r} is a directory, not a video file; use FrameDirSource for a frames directory"
+        )
     try:
         container = av.open(path, timeout=timeout)
     except av.error.EOFError as err:
         raise SourceError(f"{path!r} contains no frames (empty or truncated file)") from err
     except av.error.InvalidDataError as err:
-        raise SourceError(f"{path!r} is not a video file FFmpeg can read ({_one_line(err)}); "
-                          f"check the file is complete and not corrupt") from err
+        raise SourceError(
+            f"{path!r} is not a video file FFmpeg can read ({_one_line(err)}); "
+            f"check the file is complete and not corrupt"
+        ) from err
     except (av.error.FFmpegError, OSError) as err:
         raise SourceError(f"cannot open {path!r}: {_one_line(err)}") from err
     if not container.streams.video:
@@ -103,8 +109,13 @@ def to_rgb(frame: Any) -> np.ndarray:
     threads): about 7x faster than swscale's ``rgb24`` path here, within +-3 levels of it.  Everything else goes
     through ``to_ndarray(format="rgb24")``.
     """
-    if (frame.format.name == "yuv420p" and not frame.width % 2 and not frame.height % 2
-            and int(frame.colorspace) in _BT601 and int(frame.color_range) in _LIMITED):
+    if (
+        frame.format.name == "yuv420p"
+        and not frame.width % 2
+        and not frame.height % 2
+        and int(frame.colorspace) in _BT601
+        and int(frame.color_range) in _LIMITED
+    ):
         planes = frame.to_ndarray()  # (H * 3/2, W): Y plane, then U, then V
         if planes.shape == (frame.height * 3 // 2, frame.width):
             return cv2.cvtColor(planes, cv2.COLOR_YUV2RGB_I420)
@@ -123,13 +134,22 @@ class VideoFileSource(Source[Frame]):
 
     live = False
 
-    def __init__(self, path: str | os.PathLike[str], *, threads: str | int = "AUTO", start: int = 0,
-                 max_frames: int | None = None, timeout: float | tuple[float, float] | None = (10.0, 10.0),
-                 source_id: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        threads: str | int = "AUTO",
+        start: int = 0,
+        max_frames: int | None = None,
+        timeout: float | tuple[float, float] | None = (10.0, 10.0),
+        source_id: str | None = None,
+    ) -> None:
         self.path = os.fspath(path)
         if not os.path.exists(self.path):
             raise SourceError(f"no such file or directory: {self.path!r}")
-        if not (threads == "AUTO" or (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1)):
+        if not (
+            threads == "AUTO" or (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1)
+        ):
             raise ConfigError(f"threads must be 'AUTO' or a positive integer, got {threads!r}")
         if start < 0:
             raise ConfigError(f"start must be >= 0, got {start}")
@@ -182,8 +202,9 @@ class VideoFileSource(Source[Frame]):
         if first is None:
             self.close()
             if self._corrupt:
-                raise SourceError(f"no decodable frames in {self.path!r} ({self._corrupt} corrupt); "
-                                  f"the file is damaged")
+                raise SourceError(
+                    f"no decodable frames in {self.path!r} ({self._corrupt} corrupt); the file is damaged"
+                )
             if self.start:
                 raise SourceError(f"{self.path!r} has fewer than start={self.start} frames")
             raise SourceError(f"{self.path!r} contains no frames")
@@ -205,7 +226,9 @@ class VideoFileSource(Source[Frame]):
             except (av.error.FFmpegError, OSError) as err:
                 # The demuxer gave up (file cut short or damaged index): end the stream with what we have.
                 self._truncated = True
-                logger.warning("%s: stopped reading after %d frames: %s", self.path, self._delivered, _one_line(err))
+                logger.warning(
+                    "%s: stopped reading after %d frames: %s", self.path, self._delivered, _one_line(err)
+                )
                 return
             try:
                 frames = packet.decode()
@@ -215,12 +238,16 @@ class VideoFileSource(Source[Frame]):
                 # InvalidDataError mostly; decoders also report damaged data as EPERM, "undefined" or "bug".
                 if packet.size:
                     self._corrupt += 1
-                    logger.warning("%s: skipped a corrupt packet (pts %s): %s", self.path, packet.pts, _one_line(err))
+                    logger.warning(
+                        "%s: skipped a corrupt packet (pts %s): %s", self.path, packet.pts, _one_line(err)
+                    )
                 continue
             for frame in frames:
                 if frame.is_corrupt:
                     self._corrupt += 1
-                    logger.warning("%s: skipped a frame the decoder flagged corrupt (pts %s)", self.path, frame.pts)
+                    logger.warning(
+                        "%s: skipped a frame the decoder flagged corrupt (pts %s)", self.path, frame.pts
+                    )
                     continue
                 yield frame
 
@@ -249,8 +276,12 @@ class VideoFileSource(Source[Frame]):
         got = self._delivered + (self._pending is not None) + self._corrupt
         if got < self.length - 1:
             self._truncated = True
-            logger.warning("%s: stream ended after %d of ~%d frames; the file looks truncated",
-                           self.path, got, self.length)
+            logger.warning(
+                "%s: stream ended after %d of ~%d frames; the file looks truncated",
+                self.path,
+                got,
+                self.length,
+            )
 
     def read(self) -> Frame | None:
         """The next upright RGB frame, or ``None`` at end of stream, after ``max_frames`` or after interrupt."""
@@ -271,7 +302,9 @@ class VideoFileSource(Source[Frame]):
         turns = _quarter_turns(rotation)
         if rotation and turns * 90 % 360 != float(rotation) % 360 and not self._warned_angle:
             self._warned_angle = True
-            logger.warning("%s: rotation %s° is not a multiple of 90°; using %d°", self.path, rotation, turns * 90)
+            logger.warning(
+                "%s: rotation %s° is not a multiple of 90°; using %d°", self.path, rotation, turns * 90
+            )
         image = _upright(image, turns)
         frame = Frame(
             index=self._delivered,

@@ -10,9 +10,10 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import cv2
 import numpy as np
@@ -29,8 +30,11 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
 def natural_key(name: str) -> list[Any]:
     """Sort key where digit runs compare as numbers: ``2.png`` < ``10.png``."""
-    return [(0, int(part), part) if part.isdigit() else (1, 0, part.lower())
-            for part in re.split(r"(\d+)", name) if part]
+    return [
+        (0, int(part), part) if part.isdigit() else (1, 0, part.lower())
+        for part in re.split(r"(\d+)", name)
+        if part
+    ]
 
 
 def list_images(directory: str | os.PathLike[str]) -> list[Path]:
@@ -59,8 +63,15 @@ class FrameDirSource(Source[Frame]):
 
     live = False
 
-    def __init__(self, path: str | os.PathLike[str], *, start: int = 0, max_frames: int | None = None,
-                 fps: float | None = None, source_id: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        start: int = 0,
+        max_frames: int | None = None,
+        fps: float | None = None,
+        source_id: str | None = None,
+    ) -> None:
         self.path = os.fspath(path)
         if not os.path.exists(self.path):
             raise SourceError(f"no such file or directory: {self.path!r}")
@@ -93,10 +104,12 @@ class FrameDirSource(Source[Frame]):
         except OSError as err:
             raise SourceError(f"cannot list {self.path!r}: {_one_line(err)}") from err
         if not files:
-            raise SourceError(f"no images in {self.path} (expected numbered frames such as 00000.jpg or 00000.png)")
-        files = files[self.start:]
+            raise SourceError(
+                f"no images in {self.path} (expected numbered frames such as 00000.jpg or 00000.png)"
+            )
+        files = files[self.start :]
         if self.max_frames is not None:
-            files = files[:self.max_frames]
+            files = files[: self.max_frames]
         if not files:
             raise SourceError(f"{self.path!r} has fewer than start={self.start} images")
         self.files = files
@@ -127,10 +140,16 @@ class FrameDirSource(Source[Frame]):
             if image.shape[:2] != (self.height, self.width):
                 raise SourceError(
                     f"{path} is {image.shape[1]}x{image.shape[0]} but the frames of {self.path} are "
-                    f"{self.width}x{self.height}; every frame must have the same size")
-            frame = Frame(index=self._delivered, image=image, pts=pts,
-                          time_base=Fraction(1) / Fraction(self.fps).limit_denominator(1001000) if self.fps else None,
-                          capture_time=time.time(), source_id=self.source_id)
+                    f"{self.width}x{self.height}; every frame must have the same size"
+                )
+            frame = Frame(
+                index=self._delivered,
+                image=image,
+                pts=pts,
+                time_base=Fraction(1) / Fraction(self.fps).limit_denominator(1001000) if self.fps else None,
+                capture_time=time.time(),
+                source_id=self.source_id,
+            )
             self._delivered += 1
             return frame
         return None

@@ -33,14 +33,14 @@ from fractions import Fraction
 from typing import Any
 
 import av
-from vostream.pipeline.errors import ConfigError, SourceError
-from vostream.pipeline.stage import Source
-from vostream.pipeline.types import Frame
 
+from vostream.pipeline.errors import ConfigError, SourceError
 from vostream.pipeline.reconnect import (
     ReconnectPolicy,
     SourceSupervisor,
 )
+from vostream.pipeline.stage import Source
+from vostream.pipeline.types import Frame
 from vostream.stages.sources.file import to_rgb
 
 logger = logging.getLogger(__name__)
@@ -70,8 +70,12 @@ def camera_path(uri: str) -> str:
     return f"/dev/video{int(uri)}" if uri.isdigit() else uri
 
 
-def v4l2_options(video_size: str | None = None, framerate: float | str | None = None,
-                 input_format: str | None = None, pixel_format: str | None = None) -> dict[str, str]:
+def v4l2_options(
+    video_size: str | None = None,
+    framerate: float | str | None = None,
+    input_format: str | None = None,
+    pixel_format: str | None = None,
+) -> dict[str, str]:
     """FFmpeg ``v4l2`` demuxer options for a camera; checked here so that a typo fails before the device opens.
 
     ``video_size`` ``"1280x720"``; ``framerate`` a positive number; ``input_format`` a compressed format such as
@@ -92,13 +96,16 @@ def v4l2_options(video_size: str | None = None, framerate: float | str | None = 
     for key, value in (("input_format", input_format), ("pixel_format", pixel_format)):
         if value is not None:
             if not re.match(r"^[a-z0-9_]+$", str(value)):
-                raise ConfigError(f"camera {key} must be an FFmpeg format name such as mjpeg or yuyv422, got {value!r}")
+                raise ConfigError(
+                    f"camera {key} must be an FFmpeg format name such as mjpeg or yuyv422, got {value!r}"
+                )
             opts[key] = str(value)
     return opts
 
 
-def open_options(kind: str, *, transport: str = "tcp", read_timeout: float = 3.0,
-                 extra: dict[str, str] | None = None) -> dict[str, str]:
+def open_options(
+    kind: str, *, transport: str = "tcp", read_timeout: float = 3.0, extra: dict[str, str] | None = None
+) -> dict[str, str]:
     """The FFmpeg options for a live feed of ``kind``: low-latency probing plus socket I/O timeouts.
 
     RTSP: ``rtsp_transport`` (tcp | udp), ``timeout`` (µs, socket I/O), ``flags=low_delay``, a small
@@ -125,10 +132,13 @@ def _one_line(err: BaseException) -> str:
 
 
 def _is_timeout(err: BaseException) -> bool:
-    return isinstance(err, (av.error.ExitError, TimeoutError)) or getattr(err, "errno", None) == errno.ETIMEDOUT
+    return (
+        isinstance(err, (av.error.ExitError, TimeoutError)) or getattr(err, "errno", None) == errno.ETIMEDOUT
+    )
 
 
 # -- the source ------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class _Connection:
@@ -164,15 +174,29 @@ class LiveSource(Source[Frame]):
     live = True
     length = None
 
-    def __init__(self, uri: str, *, transport: str = "tcp", open_timeout: float = 10.0, read_timeout: float = 3.0,
-                 reconnect: ReconnectPolicy | None = None, wait_first: bool = False, fps: float | None = None,
-                 max_frames: int | None = None, video_size: str | None = None, framerate: float | str | None = None,
-                 input_format: str | None = None, pixel_format: str | None = None,
-                 options: dict[str, str] | None = None, source_id: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        uri: str,
+        *,
+        transport: str = "tcp",
+        open_timeout: float = 10.0,
+        read_timeout: float = 3.0,
+        reconnect: ReconnectPolicy | None = None,
+        wait_first: bool = False,
+        fps: float | None = None,
+        max_frames: int | None = None,
+        video_size: str | None = None,
+        framerate: float | str | None = None,
+        input_format: str | None = None,
+        pixel_format: str | None = None,
+        options: dict[str, str] | None = None,
+        source_id: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if not (open_timeout > 0 and read_timeout > 0):
-            raise ConfigError(f"{uri}: open and read timeouts must be positive seconds, got "
-                              f"{open_timeout} / {read_timeout}")
+            raise ConfigError(
+                f"{uri}: open and read timeouts must be positive seconds, got {open_timeout} / {read_timeout}"
+            )
         if fps is not None and not fps > 0:
             raise ConfigError(f"{uri}: fps must be positive, got {fps}")
         if max_frames is not None and (isinstance(max_frames, bool) or max_frames < 0):
@@ -183,8 +207,9 @@ class LiveSource(Source[Frame]):
         if camera and self.kind != "v4l2":
             raise ConfigError(f"{uri}: camera options {sorted(camera)} only apply to /dev/videoN cameras")
         self.transport = transport
-        self.options = open_options(self.kind, transport=transport, read_timeout=read_timeout,
-                                    extra={**camera, **(options or {})})
+        self.options = open_options(
+            self.kind, transport=transport, read_timeout=read_timeout, extra={**camera, **(options or {})}
+        )
         self.open_timeout = float(open_timeout)
         self.read_timeout = float(read_timeout)
         self.wait_first = wait_first
@@ -196,7 +221,9 @@ class LiveSource(Source[Frame]):
         self.width = 0
         self.height = 0
         self.clock = clock
-        self.supervisor = SourceSupervisor(reconnect or ReconnectPolicy(), name=_redact(self.uri), clock=clock)
+        self.supervisor = SourceSupervisor(
+            reconnect or ReconnectPolicy(), name=_redact(self.uri), clock=clock
+        )
         self._stop = threading.Event()
         self._conn: _Connection | None = None
         self._first: Frame | None = None  # decoded by open(), delivered by the first read()
@@ -217,16 +244,24 @@ class LiveSource(Source[Frame]):
         """One attempt: open the container, pick the video stream.  Raises :class:`SourceError`."""
         if self.kind == "v4l2":
             if not os.path.exists(self.uri):
-                raise SourceError(f"no camera at {self.uri}: the device does not exist; check it is plugged in "
-                                  f"(ls /dev/video*)")
+                raise SourceError(
+                    f"no camera at {self.uri}: the device does not exist; check it is plugged in "
+                    f"(ls /dev/video*)"
+                )
         try:
-            container = av.open(self.uri, format="v4l2" if self.kind == "v4l2" else None, options=self.options,
-                                timeout=(self.open_timeout, self.read_timeout))
+            container = av.open(
+                self.uri,
+                format="v4l2" if self.kind == "v4l2" else None,
+                options=self.options,
+                timeout=(self.open_timeout, self.read_timeout),
+            )
         except Exception as err:  # noqa: BLE001 - every PyAV/OS failure becomes one SourceError line
             raise SourceError(self._connect_message(err)) from err
         try:
             if not container.streams.video:
-                raise SourceError(f"{self.source_id} has no video stream; check the URL points at a video feed")
+                raise SourceError(
+                    f"{self.source_id} has no video stream; check the URL points at a video feed"
+                )
             stream = container.streams.video[0]
             stream.thread_type = "SLICE"  # frame threading would add a frame of latency per thread
             rate = stream.average_rate or stream.guessed_rate
@@ -248,11 +283,15 @@ class LiveSource(Source[Frame]):
                 return f"no permission to open camera {self.uri}; add your user to the 'video' group"
             if code == errno.ENOENT:
                 return f"no camera at {self.uri}: the device does not exist; check it is plugged in (ls /dev/video*)"
-            return (f"cannot open camera {self.uri}: {what}; check it is a V4L2 capture device and that "
-                    f"video_size/framerate/input_format are modes it supports (v4l2-ctl --list-formats-ext)")
+            return (
+                f"cannot open camera {self.uri}: {what}; check it is a V4L2 capture device and that "
+                f"video_size/framerate/input_format are modes it supports (v4l2-ctl --list-formats-ext)"
+            )
         if _is_timeout(err):
-            return (f"cannot connect to {self.source_id}: no answer within {self.open_timeout:g} s; check the host, "
-                    f"port and path, and that the camera/server is up")
+            return (
+                f"cannot connect to {self.source_id}: no answer within {self.open_timeout:g} s; check the host, "
+                f"port and path, and that the camera/server is up"
+            )
         hint = "check the host, port, path and credentials"
         if self.kind == "rtsp" and self.transport == "udp":
             hint += ", or try --rtsp-transport tcp (UDP is often blocked by firewalls)"
@@ -276,8 +315,10 @@ class LiveSource(Source[Frame]):
                     raise
                 delay = self.supervisor.lost(str(err), failed_attempt=True)
                 if delay is None:
-                    raise SourceError(f"{self.source_id}: gave up after {self.supervisor.failed_in_row} failed "
-                                      f"reconnect attempt(s): {err}") from err
+                    raise SourceError(
+                        f"{self.source_id}: gave up after {self.supervisor.failed_in_row} failed "
+                        f"reconnect attempt(s): {err}"
+                    ) from err
                 if self._stop.wait(delay):
                     return False
                 continue
@@ -295,13 +336,16 @@ class LiveSource(Source[Frame]):
             try:
                 packet = next(conn.packets)
             except StopIteration:
-                raise self._lost(conn, "end of stream (the server closed the connection)", first_of_connection)
+                raise self._lost(
+                    conn, "end of stream (the server closed the connection)", first_of_connection
+                ) from None
             except Exception as err:  # noqa: BLE001 - ExitError (read timeout), OSError, FFmpegError
                 if self._stop.is_set():
                     raise _Lost("stopped") from err
                 if _is_timeout(err):
-                    raise self._lost(conn, f"no packets for {self.read_timeout:g} s", first_of_connection,
-                                     stalled=True) from err
+                    raise self._lost(
+                        conn, f"no packets for {self.read_timeout:g} s", first_of_connection, stalled=True
+                    ) from err
                 raise self._lost(conn, f"read error: {_one_line(err)}", first_of_connection) from err
             try:
                 conn.pending.extend(packet.decode())
@@ -312,7 +356,9 @@ class LiveSource(Source[Frame]):
         av_frame = conn.pending.pop(0)
         return self._make_frame(conn, av_frame)
 
-    def _lost(self, conn: _Connection, reason: str, first_of_connection: bool, stalled: bool = False) -> Exception:
+    def _lost(
+        self, conn: _Connection, reason: str, first_of_connection: bool, stalled: bool = False
+    ) -> Exception:
         if first_of_connection:
             _close_quietly(conn.container)
             return SourceError(f"{self.source_id}: connected but got no frame ({reason})")
@@ -343,9 +389,14 @@ class LiveSource(Source[Frame]):
         image = to_rgb(av_frame)
         if not self.width:
             self.height, self.width = image.shape[:2]
-        frame = Frame(index=index, image=image, pts=av_frame.pts,
-                      time_base=Fraction(av_frame.time_base) if av_frame.time_base is not None else None,
-                      capture_time=now, source_id=self.source_id)
+        frame = Frame(
+            index=index,
+            image=image,
+            pts=av_frame.pts,
+            time_base=Fraction(av_frame.time_base) if av_frame.time_base is not None else None,
+            capture_time=now,
+            source_id=self.source_id,
+        )
         self.last_index = index
         self._next_index = index + 1
         self._last_frame_time = now
@@ -429,8 +480,16 @@ class LiveSource(Source[Frame]):
         """Supervisor counters plus ``frames``, ``corrupt_frames``, ``index_skipped`` (index gaps from the
         time rule), ``blocked_s`` (time the pipeline did not ask for frames), ``fps``, ``last_index``."""
         out = self.supervisor.snapshot()
-        out.update({"frames": self._delivered, "corrupt_frames": self._corrupt, "index_skipped": self._index_skipped,
-                    "blocked_s": round(self._blocked_s, 3), "fps": round(self.fps, 3), "last_index": self.last_index})
+        out.update(
+            {
+                "frames": self._delivered,
+                "corrupt_frames": self._corrupt,
+                "index_skipped": self._index_skipped,
+                "blocked_s": round(self._blocked_s, 3),
+                "fps": round(self.fps, 3),
+                "last_index": self.last_index,
+            }
+        )
         return out
 
     def __iter__(self) -> Iterator[Frame]:
@@ -475,5 +534,11 @@ def open_live(uri: str, **options: Any) -> LiveSource:
 
 
 __all__ = [
-    "TRANSPORTS", "LiveSource", "camera_path", "live_kind", "open_live", "open_options", "v4l2_options",
+    "TRANSPORTS",
+    "LiveSource",
+    "camera_path",
+    "live_kind",
+    "open_live",
+    "open_options",
+    "v4l2_options",
 ]

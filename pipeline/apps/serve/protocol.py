@@ -39,6 +39,7 @@ class ProtocolError(ConfigError):
 
 # -- typed client messages ---------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Hello:
     v: int
@@ -154,8 +155,10 @@ def decode(data: bytes | bytearray | memoryview | str) -> dict[str, Any]:
     try:
         msg = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True)
     except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types for bad input
-        raise ProtocolError("bad_msgpack", f"not a msgpack message ({type(exc).__name__}); "
-                                           f"send one msgpack map per binary frame") from exc
+        raise ProtocolError(
+            "bad_msgpack",
+            f"not a msgpack message ({type(exc).__name__}); send one msgpack map per binary frame",
+        ) from exc
     if not isinstance(msg, dict):
         raise ProtocolError("bad_msgpack", f"a message must be a msgpack map, got {type(msg).__name__}")
     return msg
@@ -168,8 +171,11 @@ def parse_client_message(data: bytes | bytearray | memoryview | str) -> ClientMe
     if not isinstance(t, str):
         raise ProtocolError("bad_message", "every message needs a string field 't' (the message type)")
     if t not in _KEYS:
-        raise ProtocolError("unknown_type", f"unknown message type {t[:40]!r}; expected one of "
-                                            f"{', '.join(MESSAGE_TYPES)}", t[:40])
+        raise ProtocolError(
+            "unknown_type",
+            f"unknown message type {t[:40]!r}; expected one of {', '.join(MESSAGE_TYPES)}",
+            t[:40],
+        )
     required, optional = _KEYS[t]
     present = {k for k, v in msg.items() if k != "t" and not (k in optional and v is None)}
     missing = required - present
@@ -199,10 +205,16 @@ def parse_client_message(data: bytes | bytearray | memoryview | str) -> ClientMe
     if t == "export":
         fmt = _str(msg, "format", t, 16)
         if fmt not in EXPORT_FORMATS:
-            raise ProtocolError("out_of_range", f"export.format {fmt!r}: choose {' or '.join(EXPORT_FORMATS)}", t)
+            raise ProtocolError(
+                "out_of_range", f"export.format {fmt!r}: choose {' or '.join(EXPORT_FORMATS)}", t
+            )
         return Export(fmt)
     if t == "ack":
-        return Ack(_int(msg, "seq", t, 0), _num(msg["recv_ms"], "ack.recv_ms", t), _num(msg["draw_ms"], "ack.draw_ms", t))
+        return Ack(
+            _int(msg, "seq", t, 0),
+            _num(msg["recv_ms"], "ack.recv_ms", t),
+            _num(msg["draw_ms"], "ack.draw_ms", t),
+        )
     if t == "ping":
         return Ping(_int(msg, "id", t, 0, 2**31), _num(msg["client_ms"], "ping.client_ms", t))
     return _parse_prompt(msg, present)
@@ -218,7 +230,9 @@ def _parse_prompt(msg: dict[str, Any], present: set[str]) -> PromptMsg:
         if not isinstance(raw, list):
             raise ProtocolError("bad_message", "prompt.points must be a list of [x, y] pairs", t)
         if len(raw) > MAX_POINTS:
-            raise ProtocolError("out_of_range", f"prompt.points has {len(raw)} points; at most {MAX_POINTS}", t)
+            raise ProtocolError(
+                "out_of_range", f"prompt.points has {len(raw)} points; at most {MAX_POINTS}", t
+            )
         for i, p in enumerate(raw):
             if not isinstance(p, list) or len(p) != 2:
                 raise ProtocolError("bad_message", f"prompt.points[{i}] must be an [x, y] pair", t)
@@ -227,11 +241,16 @@ def _parse_prompt(msg: dict[str, Any], present: set[str]) -> PromptMsg:
     if "labels" in present:
         raw = msg["labels"]
         if not isinstance(raw, list) or len(raw) != len(points):
-            raise ProtocolError("bad_message", f"prompt.labels must be a list of {len(points)} labels (0 or 1), "
-                                               f"one per point", t)
+            raise ProtocolError(
+                "bad_message",
+                f"prompt.labels must be a list of {len(points)} labels (0 or 1), one per point",
+                t,
+            )
         for i, lab in enumerate(raw):
             if isinstance(lab, bool) or lab not in (0, 1):
-                raise ProtocolError("bad_message", f"prompt.labels[{i}] must be 0 (negative) or 1 (positive)", t)
+                raise ProtocolError(
+                    "bad_message", f"prompt.labels[{i}] must be 0 (negative) or 1 (positive)", t
+                )
         labels = [int(v) for v in raw]
     box = None
     if "box" in present:
@@ -256,6 +275,7 @@ def check_prompt_range(p: PromptMsg, width: int, height: int) -> None:
 
 # -- encoding ------------------------------------------------------------------------------------------------------
 
+
 def encode(message: dict[str, Any]) -> bytes:
     """One msgpack map (binary frame) for ``message``."""
     return msgpack.packb(message, use_bin_type=True)
@@ -266,8 +286,28 @@ def error(code: str, message: str, ref: str | None = None) -> bytes:
 
 
 __all__ = [
-    "Ack", "ClientMessage", "EXPORT_FORMATS", "Export", "Hello", "MAX_INFLIGHT", "MAX_OBJ_ID", "MAX_POINTS",
-    "MESSAGE_TYPES", "Open", "PROTOCOL_VERSION", "Ping", "PromptMsg", "ProtocolError", "Remove",
-    "SUPPORTED_VERSIONS", "Seek", "Simple", "Watch", "check_prompt_range", "decode", "encode", "error",
+    "Ack",
+    "ClientMessage",
+    "EXPORT_FORMATS",
+    "Export",
+    "Hello",
+    "MAX_INFLIGHT",
+    "MAX_OBJ_ID",
+    "MAX_POINTS",
+    "MESSAGE_TYPES",
+    "Open",
+    "PROTOCOL_VERSION",
+    "Ping",
+    "PromptMsg",
+    "ProtocolError",
+    "Remove",
+    "SUPPORTED_VERSIONS",
+    "Seek",
+    "Simple",
+    "Watch",
+    "check_prompt_range",
+    "decode",
+    "encode",
+    "error",
     "parse_client_message",
 ]

@@ -26,8 +26,12 @@ if TYPE_CHECKING:
 
 #: dtype names used in manifests and buffers -> NumPy dtypes
 DTYPES: dict[str, np.dtype] = {
-    "float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "int64": np.dtype(np.int64),
-    "int32": np.dtype(np.int32), "uint8": np.dtype(np.uint8), "bool": np.dtype(np.bool_),
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "int64": np.dtype(np.int64),
+    "int32": np.dtype(np.int32),
+    "uint8": np.dtype(np.uint8),
+    "bool": np.dtype(np.bool_),
 }
 
 
@@ -60,8 +64,15 @@ class TransferStats:
     run_s: dict[str, float] = field(default_factory=dict)
 
     def snapshot(self) -> TransferStats:
-        return TransferStats(self.h2d_bytes, self.d2h_bytes, self.d2d_bytes, self.h2d_calls, self.d2h_calls,
-                             dict(self.runs), dict(self.run_s))
+        return TransferStats(
+            self.h2d_bytes,
+            self.d2h_bytes,
+            self.d2d_bytes,
+            self.h2d_calls,
+            self.d2h_calls,
+            dict(self.runs),
+            dict(self.run_s),
+        )
 
     def reset(self) -> None:
         self.h2d_bytes = self.d2h_bytes = self.d2d_bytes = self.h2d_calls = self.d2h_calls = 0
@@ -71,15 +82,25 @@ class TransferStats:
     def minus(self, before: TransferStats) -> TransferStats:
         """The traffic between ``before`` and now."""
         return TransferStats(
-            self.h2d_bytes - before.h2d_bytes, self.d2h_bytes - before.d2h_bytes, self.d2d_bytes - before.d2d_bytes,
-            self.h2d_calls - before.h2d_calls, self.d2h_calls - before.d2h_calls,
+            self.h2d_bytes - before.h2d_bytes,
+            self.d2h_bytes - before.d2h_bytes,
+            self.d2d_bytes - before.d2d_bytes,
+            self.h2d_calls - before.h2d_calls,
+            self.d2h_calls - before.d2h_calls,
             {k: v - before.runs.get(k, 0) for k, v in self.runs.items()},
-            {k: v - before.run_s.get(k, 0.0) for k, v in self.run_s.items()})
+            {k: v - before.run_s.get(k, 0.0) for k, v in self.run_s.items()},
+        )
 
     def as_dict(self) -> dict[str, object]:
-        return {"h2d_bytes": self.h2d_bytes, "d2h_bytes": self.d2h_bytes, "d2d_bytes": self.d2d_bytes,
-                "h2d_calls": self.h2d_calls, "d2h_calls": self.d2h_calls, "runs": dict(self.runs),
-                "run_ms": {k: round(v * 1e3, 3) for k, v in self.run_s.items()}}
+        return {
+            "h2d_bytes": self.h2d_bytes,
+            "d2h_bytes": self.d2h_bytes,
+            "d2d_bytes": self.d2d_bytes,
+            "h2d_calls": self.h2d_calls,
+            "d2h_calls": self.d2h_calls,
+            "runs": dict(self.runs),
+            "run_ms": {k: round(v * 1e3, 3) for k, v in self.run_s.items()},
+        }
 
 
 class Runtime(ABC):
@@ -109,8 +130,10 @@ class Runtime(ABC):
         nbytes = prod(shape) * itemsize
         start = buf.offset + offset_elems * itemsize
         if offset_elems < 0 or start + nbytes > buf.offset + buf.nbytes:
-            raise BackendError(f"{self.name}.view: [{offset_elems}, +{prod(shape)}) elements is outside buffer "
-                               f"{buf.name or buf.handle} of {buf.size}")
+            raise BackendError(
+                f"{self.name}.view: [{offset_elems}, +{prod(shape)}) elements is outside buffer "
+                f"{buf.name or buf.handle} of {buf.size}"
+            )
         return DeviceBuffer(buf.handle, start, tuple(shape), buf.dtype, nbytes, buf.name)
 
     @abstractmethod
@@ -122,7 +145,9 @@ class Runtime(ABC):
         """Copy device -> host; returns an array shaped ``src.shape``."""
 
     @abstractmethod
-    def run(self, graph: str, inputs: Mapping[str, DeviceBuffer], outputs: Mapping[str, DeviceBuffer]) -> None:
+    def run(
+        self, graph: str, inputs: Mapping[str, DeviceBuffer], outputs: Mapping[str, DeviceBuffer]
+    ) -> None:
         """Run ``graph`` reading ``inputs`` and writing ``outputs`` in place (all device buffers)."""
 
     @abstractmethod

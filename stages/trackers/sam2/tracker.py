@@ -87,8 +87,15 @@ class Sam2Tracker(Tracker):
 
     def input_spec(self, src_w: int, src_h: int) -> InputSpec:
         m = self.manifest
-        return InputSpec(width=m.image_size, height=m.image_size, resize="stretch", mean=m.mean, std=m.std,
-                         layout="NCHW", dtype="float32")
+        return InputSpec(
+            width=m.image_size,
+            height=m.image_size,
+            resize="stretch",
+            mean=m.mean,
+            std=m.std,
+            layout="NCHW",
+            dtype="float32",
+        )
 
     def new_session(self) -> TrackerSession:
         with self._lock:
@@ -106,12 +113,19 @@ class Sam2Tracker(Tracker):
             self.runtime.close()
 
 
-def OnnxTracker(model: str | Path | None = None, provider: str = "cpu", threads: int | None = None,
-                device_id: int = 0, **options: Any) -> Sam2Tracker:
+def OnnxTracker(
+    model: str | Path | None = None,
+    provider: str = "cpu",
+    threads: int | None = None,
+    device_id: int = 0,
+    **options: Any,
+) -> Sam2Tracker:
     """Backend ``onnx``: ONNX Runtime on CPU (default), CUDA or TensorRT."""
     if options:
-        raise ConfigError(f"onnx backend: unknown option(s) {', '.join(sorted(options))}; known: model, provider, "
-                          "threads, device_id")
+        raise ConfigError(
+            f"onnx backend: unknown option(s) {', '.join(sorted(options))}; known: model, provider, "
+            "threads, device_id"
+        )
     if model is None:
         raise ConfigError("--backend onnx needs --model DIR (a directory written by 'vostream export')")
     from .backends.ort import OrtRuntime
@@ -120,8 +134,14 @@ def OnnxTracker(model: str | Path | None = None, provider: str = "cpu", threads:
     return Sam2Tracker(model, OrtRuntime(providers=[provider], device_id=device_id, threads=threads))
 
 
-def AclTracker(model: str | Path | None = None, device_id: int = 0, max_objects: int = 8,
-               om_dir: str | Path | None = None, acl: Any = None, **options: Any) -> Sam2Tracker:
+def AclTracker(
+    model: str | Path | None = None,
+    device_id: int = 0,
+    max_objects: int = 8,
+    om_dir: str | Path | None = None,
+    acl: Any = None,
+    **options: Any,
+) -> Sam2Tracker:
     """Backend ``acl``: a SAM-2-family export whose graphs were converted to ``.om`` (ATC), on an Ascend NPU.
 
     ``acl``: the pyACL module to drive (``None``: ``import acl``, the real one from the CANN toolkit; tests pass
@@ -129,11 +149,15 @@ def AclTracker(model: str | Path | None = None, device_id: int = 0, max_objects:
     is planned against free HBM (``AclRuntime.check_memory``); a plan that does not fit is a :class:`ConfigError`
     with the numbers."""
     if options:
-        raise ConfigError(f"acl backend: unknown option(s) {', '.join(sorted(options))}; known: model, device_id, "
-                          "max_objects, om_dir")
+        raise ConfigError(
+            f"acl backend: unknown option(s) {', '.join(sorted(options))}; known: model, device_id, "
+            "max_objects, om_dir"
+        )
     if model is None:
-        raise ConfigError("--backend acl needs --model DIR (a directory written by 'vostream export', with the "
-                          ".om files converted by ATC next to the .onnx files or in om_dir)")
+        raise ConfigError(
+            "--backend acl needs --model DIR (a directory written by 'vostream export', with the "
+            ".om files converted by ATC next to the .onnx files or in om_dir)"
+        )
     if not isinstance(max_objects, int) or max_objects < 1:
         raise ConfigError(f"acl backend: max_objects must be an integer >= 1 (got {max_objects!r})")
     from .backends.acl import AclRuntime

@@ -56,15 +56,26 @@ logger = logging.getLogger(__name__)
 ACL_SUCCESS = 0
 ACL_MEMCPY_HOST_TO_DEVICE = 1
 ACL_MEMCPY_DEVICE_TO_HOST = 2
-ACL_MEM_MALLOC_HUGE_FIRST = 0   # huge pages when the size allows, else normal pages
-ACL_HBM_MEM = 1                 # aclrtMemAttr for acl.rt.get_mem_info
+ACL_MEM_MALLOC_HUGE_FIRST = 0  # huge pages when the size allows, else normal pages
+ACL_HBM_MEM = 1  # aclrtMemAttr for acl.rt.get_mem_info
 ACL_ERROR_REPEAT_INITIALIZE = 100002
 ACL_DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
 
 #: aclDataType -> our dtype names (others keep a readable name for error messages)
 ACL_DTYPES: dict[int, str] = {
-    0: "float32", 1: "float16", 2: "int8", 3: "int32", 4: "uint8", 6: "int16", 7: "uint16", 8: "uint32",
-    9: "int64", 10: "uint64", 11: "float64", 12: "bool", 27: "bfloat16",
+    0: "float32",
+    1: "float16",
+    2: "int8",
+    3: "int32",
+    4: "uint8",
+    6: "int16",
+    7: "uint16",
+    8: "uint32",
+    9: "int64",
+    10: "uint64",
+    11: "float64",
+    12: "bool",
+    27: "bfloat16",
 }
 
 #: ACL error code -> (symbolic name, meaning); shared/reference/ascend-acl.md §7 plus codes the fake documents
@@ -74,20 +85,34 @@ ACL_ERRORS: dict[int, tuple[str, str]] = {
     100002: ("ACL_ERROR_REPEAT_INITIALIZE", "acl.init was already called in this process"),
     100003: ("ACL_ERROR_INVALID_FILE", "the file is missing or unreadable"),
     100011: ("ACL_ERROR_INVALID_MODEL_ID", "unknown or unloaded model id"),
-    100013: ("ACL_ERROR_PARSE_MODEL", ("the model file cannot be parsed (built for another CANN version or SoC, "
-                                       "or it has dynamic dims without compiled gears)")),
+    100013: (
+        "ACL_ERROR_PARSE_MODEL",
+        (
+            "the model file cannot be parsed (built for another CANN version or SoC, "
+            "or it has dynamic dims without compiled gears)"
+        ),
+    ),
     100017: ("ACL_ERROR_MODEL_INPUT_NOT_MATCH", "input dataset buffers do not match the model inputs"),
     100018: ("ACL_ERROR_MODEL_OUTPUT_NOT_MATCH", "output dataset buffers do not match the model outputs"),
     100019: ("ACL_ERROR_MODEL_NOT_DYNAMIC", "a dynamic-shape call on a model compiled without gears"),
     100037: ("ACL_ERROR_REPEAT_FINALIZE", "acl.finalize without a matching acl.init"),
-    107000: ("ACL_ERROR_RT_PARAM_INVALID", "invalid runtime parameter (bad or freed device pointer or handle)"),
+    107000: (
+        "ACL_ERROR_RT_PARAM_INVALID",
+        "invalid runtime parameter (bad or freed device pointer or handle)",
+    ),
     107001: ("ACL_ERROR_RT_INVALID_DEVICEID", "invalid device id"),
-    107002: ("ACL_ERROR_RT_CONTEXT_NULL", "the calling thread has no current context (acl.rt.set_context missing)"),
+    107002: (
+        "ACL_ERROR_RT_CONTEXT_NULL",
+        "the calling thread has no current context (acl.rt.set_context missing)",
+    ),
     107003: ("ACL_ERROR_RT_STREAM_CONTEXT", "the stream belongs to another context"),
     107004: ("ACL_ERROR_RT_MODEL_CONTEXT", "the model belongs to another context"),
     107008: ("ACL_ERROR_RT_ADDR_UNALIGNED", "an address is not aligned (model I/O needs 64-byte alignment)"),
     107037: ("ACL_ERROR_RT_MODEL_RUNNING", "the model still has queued work; synchronize the stream first"),
-    145007: ("ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID", "a model input/output address is not valid device memory"),
+    145007: (
+        "ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID",
+        "a model input/output address is not valid device memory",
+    ),
     145013: ("ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID", "the batch size is not a compiled gear"),
     145021: ("ACL_ERROR_GE_SHAPE_INVALID", "the shape is not a compiled gear"),
     200000: ("ACL_ERROR_BAD_ALLOC", "out of memory"),
@@ -117,15 +142,17 @@ RESERVE_BYTES = 64 << 20
 #: tensors that are per object (bank, pointer ring) or views of them, not session scratch
 _PER_OBJECT = {"bank", "ptrs", "maskmem", "obj_ptr"}
 
-_RUNTIME_IDS = itertools.count(1)   # one token per runtime for the per-thread context cache
-_TLS = threading.local()            # .token: the runtime whose context this thread made current last
+_RUNTIME_IDS = itertools.count(1)  # one token per runtime for the per-thread context cache
+_TLS = threading.local()  # .token: the runtime whose context this thread made current last
 _INIT_LOCK = threading.Lock()
 _INIT_STATE = {"users": 0, "initialised_by_us": False}
 
 
 def describe_error(code: int) -> str:
     """``"507011 (ACL_ERROR_RT_MODEL_EXECUTE: model execution failed ...)"``."""
-    name, meaning = ACL_ERRORS.get(code, ("unknown ACL error", "not in vostream's table; see the CANN error codes"))
+    name, meaning = ACL_ERRORS.get(
+        code, ("unknown ACL error", "not in vostream's table; see the CANN error codes")
+    )
     return f"{code} ({name}: {meaning})"
 
 
@@ -140,15 +167,21 @@ def atc_dynamic_options(spec: GraphSpec, gears: Sequence[int] = DECODER_GEARS) -
     markers = sum(1 for t in spec.inputs for d in t.shape if isinstance(d, str))
     if not markers:
         if spec.shrinkable:
-            return {"input_shape": ";".join(f"{t.name}:" + ",".join(str(int(d)) for d in t.shape)
-                                            for t in spec.inputs)}
+            return {
+                "input_shape": ";".join(
+                    f"{t.name}:" + ",".join(str(int(d)) for d in t.shape) for t in spec.inputs
+                )
+            }
         return {}
     symbols = {d for t in spec.inputs for d in t.shape if isinstance(d, str)}
     if len(symbols) != 1:
-        raise BackendError(f"atc_dynamic_options: graph {spec.name!r} has several dynamic axes {sorted(symbols)}; "
-                           "only one symbol (the decoder's K) is supported")
-    shape = ";".join(f"{t.name}:" + ",".join("-1" if isinstance(d, str) else str(d) for d in t.shape)
-                     for t in spec.inputs)
+        raise BackendError(
+            f"atc_dynamic_options: graph {spec.name!r} has several dynamic axes {sorted(symbols)}; "
+            "only one symbol (the decoder's K) is supported"
+        )
+    shape = ";".join(
+        f"{t.name}:" + ",".join("-1" if isinstance(d, str) else str(d) for d in t.shape) for t in spec.inputs
+    )
     dims = ";".join(",".join([str(int(g))] * markers) for g in gears)
     return {"input_shape": shape, "dynamic_dims": dims}
 
@@ -162,7 +195,8 @@ def _import_acl() -> Any:
             "acl backend: pyACL (the Python module 'acl') is not importable: it comes with the Ascend CANN toolkit, "
             "which is not installed or not on the path here (install CANN, then source "
             "/usr/local/Ascend/ascend-toolkit/set_env.sh, or the set_env.sh of your CANN install, before running "
-            f"vostream; 'vostream doctor' checks it) ({exc})") from exc
+            f"vostream; 'vostream doctor' checks it) ({exc})"
+        ) from exc
     return acl
 
 
@@ -198,16 +232,18 @@ class _Graph:
     desc: int
     inputs: list[_Tensor]
     outputs: list[_Tensor]
-    dyn_index: int = -1                 # index of ascend_mbatch_shape_data, -1 for a static model
-    dyn_ptr: int = 0                    # device buffer behind it
+    dyn_index: int = -1  # index of ascend_mbatch_shape_data, -1 for a static model
+    dyn_ptr: int = 0  # device buffer behind it
     dyn_size: int = 0
     gears: dict[tuple[int, ...], dict[str, int]] = field(default_factory=dict)  # flat dims -> {symbol: value}
     in_ds: int = 0
     out_ds: int = 0
     data_buffers: list[int] = field(default_factory=list)
-    in_buffers: list[int] = field(default_factory=list)   # per model input index (real inputs only)
+    in_buffers: list[int] = field(default_factory=list)  # per model input index (real inputs only)
     out_buffers: list[int] = field(default_factory=list)
-    bound: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # (kind, index) -> (addr, size)
+    bound: dict[tuple[str, int], tuple[int, int]] = field(
+        default_factory=dict
+    )  # (kind, index) -> (addr, size)
 
 
 class AclRuntime(BindingRuntime[Allocation]):
@@ -256,7 +292,9 @@ class AclRuntime(BindingRuntime[Allocation]):
 
     def _error(self, where: str, call: str, code: int, detail: str = "") -> BackendError:
         extra = f" ({detail})" if detail else ""
-        return BackendError(f"{self.name}.{where}: {call} returned {describe_error(int(code))}{extra}{self._recent()}")
+        return BackendError(
+            f"{self.name}.{where}: {call} returned {describe_error(int(code))}{extra}{self._recent()}"
+        )
 
     def _check(self, ret: int, where: str, call: str, detail: str = "") -> None:
         if ret != ACL_SUCCESS:
@@ -278,7 +316,9 @@ class AclRuntime(BindingRuntime[Allocation]):
                 _INIT_STATE["initialised_by_us"] = True
             _INIT_STATE["users"] += 1
             self._registered = True
-        self._check(acl.rt.set_device(self.device_id), "__init__", "acl.rt.set_device", f"device {self.device_id}")
+        self._check(
+            acl.rt.set_device(self.device_id), "__init__", "acl.rt.set_device", f"device {self.device_id}"
+        )
         self._device_set = True
         self._ctx = self._pair(acl.rt.create_context(self.device_id), "__init__", "acl.rt.create_context")
         _TLS.token = self._token  # create_context made it current in this thread
@@ -292,8 +332,12 @@ class AclRuntime(BindingRuntime[Allocation]):
 
     def _make_current(self, where: str) -> None:
         if getattr(_TLS, "token", None) != self._token:
-            self._check(self.acl.rt.set_context(self._ctx), where, "acl.rt.set_context",
-                        f"thread {threading.current_thread().name}")
+            self._check(
+                self.acl.rt.set_context(self._ctx),
+                where,
+                "acl.rt.set_context",
+                f"thread {threading.current_thread().name}",
+            )
             _TLS.token = self._token
 
     def close(self) -> None:
@@ -316,7 +360,9 @@ class AclRuntime(BindingRuntime[Allocation]):
                     if ret != ACL_SUCCESS:
                         errors.append(self._error("close", call, ret))
                 except Exception as exc:  # noqa: BLE001 - keep releasing the rest
-                    errors.append(BackendError(f"{self.name}.close: {call} raised {type(exc).__name__}: {exc}"))
+                    errors.append(
+                        BackendError(f"{self.name}.close: {call} raised {type(exc).__name__}: {exc}")
+                    )
 
             if self._ctx:
                 try:
@@ -387,10 +433,15 @@ class AclRuntime(BindingRuntime[Allocation]):
             version = f"{major}.{minor}.{patch}" if ret == ACL_SUCCESS else "?"
         except Exception as exc:  # noqa: BLE001 - description only
             logger.debug("AclRuntime.describe: %s", exc)
-        state = "closed" if self._closed else (f"{len(self._graphs)} graphs, {len(self._allocs)} buffers "
-                                               f"({live / 2**20:.1f} MiB)")
-        return (f"AclRuntime({'fake ' if self.is_fake else ''}acl {version}, {soc}, device {self.device_id}, "
-                f"{state})")
+        state = (
+            "closed"
+            if self._closed
+            else (f"{len(self._graphs)} graphs, {len(self._allocs)} buffers ({live / 2**20:.1f} MiB)")
+        )
+        return (
+            f"AclRuntime({'fake ' if self.is_fake else ''}acl {version}, {soc}, device {self.device_id}, "
+            f"{state})"
+        )
 
     # -- loading -----------------------------------------------------------------------------------------------------
     def om_path(self, spec: GraphSpec, model_dir: Path) -> Path:
@@ -408,14 +459,17 @@ class AclRuntime(BindingRuntime[Allocation]):
                     hint = ""
                     opts = atc_dynamic_options(spec)
                     if "dynamic_dims" in opts:
-                        hint = (f' --input_format=ND --input_shape="{opts["input_shape"]}" '
-                                f'--dynamic_dims="{opts["dynamic_dims"]}"')
+                        hint = (
+                            f' --input_format=ND --input_shape="{opts["input_shape"]}" '
+                            f'--dynamic_dims="{opts["dynamic_dims"]}"'
+                        )
                     elif opts:
                         hint = f' --input_shape="{opts["input_shape"]}"'
                     raise BackendError(
                         f"{self.name}.load: graph {gname!r}: {path} not found; convert the export with ATC, e.g. "
                         f"atc --framework=5 --model={Path(model_dir) / spec.file} --output={path.with_suffix('')} "
-                        f"--soc_version=<Ascend + npu-smi Name>{hint}")
+                        f"--soc_version=<Ascend + npu-smi Name>{hint}"
+                    )
                 g = self._load_graph(gname, spec, path)
                 self._graphs[gname] = g
                 self.repoints[gname] = 0
@@ -448,21 +502,41 @@ class AclRuntime(BindingRuntime[Allocation]):
         acl = self.acl
         desc = g.desc
         for kind, count_fn, name_fn, dims_fn, type_fn, size_fn, specs, out in (
-            ("input", acl.mdl.get_num_inputs, acl.mdl.get_input_name_by_index, acl.mdl.get_input_dims,
-             acl.mdl.get_input_data_type, acl.mdl.get_input_size_by_index, g.spec.inputs, g.inputs),
-            ("output", acl.mdl.get_num_outputs, acl.mdl.get_output_name_by_index, acl.mdl.get_output_dims,
-             acl.mdl.get_output_data_type, acl.mdl.get_output_size_by_index, g.spec.outputs, g.outputs),
+            (
+                "input",
+                acl.mdl.get_num_inputs,
+                acl.mdl.get_input_name_by_index,
+                acl.mdl.get_input_dims,
+                acl.mdl.get_input_data_type,
+                acl.mdl.get_input_size_by_index,
+                g.spec.inputs,
+                g.inputs,
+            ),
+            (
+                "output",
+                acl.mdl.get_num_outputs,
+                acl.mdl.get_output_name_by_index,
+                acl.mdl.get_output_dims,
+                acl.mdl.get_output_data_type,
+                acl.mdl.get_output_size_by_index,
+                g.spec.outputs,
+                g.outputs,
+            ),
         ):
             by_name = {t.name: t for t in specs}
             for i in range(int(count_fn(desc))):
                 name = name_fn(desc, i)
                 if name is None:
-                    raise BackendError(f"{self.name}.{where}: acl.mdl.get_{kind}_name_by_index({i}) returned None")
+                    raise BackendError(
+                        f"{self.name}.{where}: acl.mdl.get_{kind}_name_by_index({i}) returned None"
+                    )
                 name = str(name)
                 if kind == "input" and name == ACL_DYNAMIC_TENSOR_NAME:
                     g.dyn_index = i
                     continue
-                dims_dict = self._pair(dims_fn(desc, i), where, f"acl.mdl.get_{kind}_dims", f"{kind} {i} {name!r}")
+                dims_dict = self._pair(
+                    dims_fn(desc, i), where, f"acl.mdl.get_{kind}_dims", f"{kind} {i} {name!r}"
+                )
                 dims = [int(d) for d in dims_dict.get("dims", [])]
                 dtype = ACL_DTYPES.get(int(type_fn(desc, i)), f"aclDataType {int(type_fn(desc, i))}")
                 spec = by_name.get(_manifest_name(name, by_name))
@@ -477,22 +551,30 @@ class AclRuntime(BindingRuntime[Allocation]):
             model_names = [t.name for t in got]
             for t in got:
                 if t.spec is None:
-                    raise BackendError(f"{pre}: model {kind} {t.name!r} is not in the manifest (manifest {kind}s: "
-                                       f"{', '.join(s.name for s in want)})")
+                    raise BackendError(
+                        f"{pre}: model {kind} {t.name!r} is not in the manifest (manifest {kind}s: "
+                        f"{', '.join(s.name for s in want)})"
+                    )
             matched = [t.spec.name for t in got]
             missing = [s.name for s in want if s.name not in matched]
             if missing:
-                raise BackendError(f"{pre}: manifest {kind}(s) {', '.join(map(repr, missing))} not in the model "
-                                   f"(model {kind}s: {', '.join(model_names) or 'none'})")
+                raise BackendError(
+                    f"{pre}: manifest {kind}(s) {', '.join(map(repr, missing))} not in the model "
+                    f"(model {kind}s: {', '.join(model_names) or 'none'})"
+                )
             if matched != [s.name for s in want]:
-                raise BackendError(f"{pre}: {kind} order differs: manifest {[s.name for s in want]}, model "
-                                   f"{model_names} (datasets are positional; re-export or reconvert)")
+                raise BackendError(
+                    f"{pre}: {kind} order differs: manifest {[s.name for s in want]}, model "
+                    f"{model_names} (datasets are positional; re-export or reconvert)"
+                )
             for t in got:
                 s = t.spec
                 if t.dtype != s.dtype:
-                    raise BackendError(f"{pre}: {kind} {s.name!r} dtype: manifest {s.dtype}, model {t.dtype} (ATC "
-                                       "may have changed it: keep fp32 I/O, e.g. without --output_type/"
-                                       "--input_fp16_nodes)")
+                    raise BackendError(
+                        f"{pre}: {kind} {s.name!r} dtype: manifest {s.dtype}, model {t.dtype} (ATC "
+                        "may have changed it: keep fp32 I/O, e.g. without --output_type/"
+                        "--input_fp16_nodes)"
+                    )
                 bad = len(t.dims) != len(s.shape)
                 for want_d, got_d in zip(s.shape, t.dims):
                     if isinstance(want_d, str):
@@ -500,51 +582,73 @@ class AclRuntime(BindingRuntime[Allocation]):
                     elif got_d not in (-1, want_d):
                         bad = True
                 if bad:
-                    hint = " (compile the dynamic axis as gears: ATC --dynamic_dims)" if any(
-                        isinstance(d, str) for d in s.shape) else ""
-                    raise BackendError(f"{pre}: {kind} {s.name!r} shape: manifest {fmt_shape(s.shape)}, model "
-                                       f"{fmt_shape(t.dims)}{hint}")
+                    hint = (
+                        " (compile the dynamic axis as gears: ATC --dynamic_dims)"
+                        if any(isinstance(d, str) for d in s.shape)
+                        else ""
+                    )
+                    raise BackendError(
+                        f"{pre}: {kind} {s.name!r} shape: manifest {fmt_shape(s.shape)}, model "
+                        f"{fmt_shape(t.dims)}{hint}"
+                    )
                 if all(isinstance(d, int) for d in s.shape) and -1 not in t.dims:
                     need = prod(int(d) for d in s.shape) * DTYPES[s.dtype].itemsize
                     if t.size != need:
-                        raise BackendError(f"{pre}: {kind} {s.name!r} size: manifest {need} bytes, model {t.size}")
+                        raise BackendError(
+                            f"{pre}: {kind} {s.name!r} size: manifest {need} bytes, model {t.size}"
+                        )
         if any(isinstance(d, str) for t in g.spec.inputs for d in t.shape) and g.dyn_index < 0:
-            raise BackendError(f"{pre}: the manifest's inputs have dynamic axes but the model has no "
-                               f"{ACL_DYNAMIC_TENSOR_NAME} input (compile it with ATC --dynamic_dims)")
+            raise BackendError(
+                f"{pre}: the manifest's inputs have dynamic axes but the model has no "
+                f"{ACL_DYNAMIC_TENSOR_NAME} input (compile it with ATC --dynamic_dims)"
+            )
 
     def _read_gears(self, g: _Graph, where: str) -> None:
         """The compiled ``--dynamic_dims`` gears, each mapped to the manifest's symbols (e.g. ``{"K": 3}``), and the
         device buffer for ``ascend_mbatch_shape_data``."""
         acl = self.acl
-        count = self._pair(acl.mdl.get_input_dynamic_gear_count(g.desc, -1), where,
-                           "acl.mdl.get_input_dynamic_gear_count")
+        count = self._pair(
+            acl.mdl.get_input_dynamic_gear_count(g.desc, -1), where, "acl.mdl.get_input_dynamic_gear_count"
+        )
         if not count:
-            raise BackendError(f"{self.name}.{where}: the model has an {ACL_DYNAMIC_TENSOR_NAME} input but no "
-                               "dynamic-dims gears (dynamic batch / image size are not supported; use ATC "
-                               "--dynamic_dims)")
-        gears = self._pair(acl.mdl.get_input_dynamic_dims(g.desc, -1, int(count)), where,
-                           "acl.mdl.get_input_dynamic_dims")
+            raise BackendError(
+                f"{self.name}.{where}: the model has an {ACL_DYNAMIC_TENSOR_NAME} input but no "
+                "dynamic-dims gears (dynamic batch / image size are not supported; use ATC "
+                "--dynamic_dims)"
+            )
+        gears = self._pair(
+            acl.mdl.get_input_dynamic_dims(g.desc, -1, int(count)), where, "acl.mdl.get_input_dynamic_dims"
+        )
         for entry in gears:
             flat = tuple(int(d) for d in entry["dims"][: int(entry.get("dimCount", len(entry["dims"])))])
             values: dict[str, int] = {}
             pos = 0
             for t in g.inputs:
                 rank = len(t.dims)
-                shape = flat[pos:pos + rank]
+                shape = flat[pos : pos + rank]
                 pos += rank
                 for want, got in zip(t.spec.shape, shape):
                     if isinstance(want, str):
                         values[want] = got
             if pos != len(flat):
-                raise BackendError(f"{self.name}.{where}: gear dims {list(flat)} do not cover the model inputs "
-                                   f"({pos} dims)")
+                raise BackendError(
+                    f"{self.name}.{where}: gear dims {list(flat)} do not cover the model inputs ({pos} dims)"
+                )
             g.gears[flat] = values
         size = int(acl.mdl.get_input_size_by_index(g.desc, g.dyn_index)) or 8
-        g.dyn_ptr = self._pair(acl.rt.malloc(_align(size, IO_ALIGN), ACL_MEM_MALLOC_HUGE_FIRST), where,
-                               "acl.rt.malloc", f"{ACL_DYNAMIC_TENSOR_NAME}, {size} bytes")
+        g.dyn_ptr = self._pair(
+            acl.rt.malloc(_align(size, IO_ALIGN), ACL_MEM_MALLOC_HUGE_FIRST),
+            where,
+            "acl.rt.malloc",
+            f"{ACL_DYNAMIC_TENSOR_NAME}, {size} bytes",
+        )
         g.dyn_size = size
-        self._check(acl.rt.memset(g.dyn_ptr, _align(size, IO_ALIGN), 0, _align(size, IO_ALIGN)), where,
-                    "acl.rt.memset", ACL_DYNAMIC_TENSOR_NAME)
+        self._check(
+            acl.rt.memset(g.dyn_ptr, _align(size, IO_ALIGN), 0, _align(size, IO_ALIGN)),
+            where,
+            "acl.rt.memset",
+            ACL_DYNAMIC_TENSOR_NAME,
+        )
 
     @property
     def max_points(self) -> int | None:  # type: ignore[override]
@@ -565,8 +669,9 @@ class AclRuntime(BindingRuntime[Allocation]):
             shape, nbytes = self._alloc_args(shape, dtype, name)
             size = max(_align(nbytes, IO_ALIGN), IO_ALIGN)
             where = f"alloc({name or '?'})"
-            ptr = self._pair(self.acl.rt.malloc(size, ACL_MEM_MALLOC_HUGE_FIRST), where, "acl.rt.malloc",
-                             f"{size} bytes")
+            ptr = self._pair(
+                self.acl.rt.malloc(size, ACL_MEM_MALLOC_HUGE_FIRST), where, "acl.rt.malloc", f"{size} bytes"
+            )
             try:
                 self._check(self.acl.rt.memset(ptr, size, 0, size), where, "acl.rt.memset", f"{size} bytes")
             except BaseException:
@@ -583,9 +688,18 @@ class AclRuntime(BindingRuntime[Allocation]):
             if dst.nbytes:
                 host = np.ascontiguousarray(src)
                 # the address numpy_to_ptr would return, without its per-call deprecation warning
-                self._check(self.acl.rt.memcpy(a.ptr + dst.offset, dst.nbytes, int(host.ctypes.data), dst.nbytes,
-                                               ACL_MEMCPY_HOST_TO_DEVICE),
-                            f"upload({dst.name or dst.handle})", "acl.rt.memcpy", f"host->device, {dst.nbytes} bytes")
+                self._check(
+                    self.acl.rt.memcpy(
+                        a.ptr + dst.offset,
+                        dst.nbytes,
+                        int(host.ctypes.data),
+                        dst.nbytes,
+                        ACL_MEMCPY_HOST_TO_DEVICE,
+                    ),
+                    f"upload({dst.name or dst.handle})",
+                    "acl.rt.memcpy",
+                    f"host->device, {dst.nbytes} bytes",
+                )
             self._count_h2d(dst.nbytes)
 
     def download(self, src: DeviceBuffer, out: np.ndarray | None = None) -> np.ndarray:
@@ -595,10 +709,18 @@ class AclRuntime(BindingRuntime[Allocation]):
             a = self._alloc_of(src, "download")
             out = self._download_target(src, out)
             if src.nbytes:
-                self._check(self.acl.rt.memcpy(int(out.ctypes.data), src.nbytes, a.ptr + src.offset, src.nbytes,
-                                               ACL_MEMCPY_DEVICE_TO_HOST),
-                            f"download({src.name or src.handle})", "acl.rt.memcpy",
-                            f"device->host, {src.nbytes} bytes")
+                self._check(
+                    self.acl.rt.memcpy(
+                        int(out.ctypes.data),
+                        src.nbytes,
+                        a.ptr + src.offset,
+                        src.nbytes,
+                        ACL_MEMCPY_DEVICE_TO_HOST,
+                    ),
+                    f"download({src.name or src.handle})",
+                    "acl.rt.memcpy",
+                    f"device->host, {src.nbytes} bytes",
+                )
             self._count_d2h(src.nbytes)
             return out
 
@@ -610,8 +732,9 @@ class AclRuntime(BindingRuntime[Allocation]):
             self._check(self.acl.rt.free(a.ptr), f"free({a.name or buf.handle})", "acl.rt.free")
 
     # -- memory plan -------------------------------------------------------------------------------------------------
-    def plan(self, manifest: Manifest, objects: int, sessions: int = 1,
-             reserve_bytes: int = RESERVE_BYTES) -> dict[str, Any]:
+    def plan(
+        self, manifest: Manifest, objects: int, sessions: int = 1, reserve_bytes: int = RESERVE_BYTES
+    ) -> dict[str, Any]:
         """Device memory ``sessions`` sessions of ``objects`` objects each will allocate, against free HBM now.
 
         Per object: the bank ``[C+N, T, M]`` and the pointer ring ``[Q, D]``; per session: every scratch tensor the
@@ -622,8 +745,12 @@ class AclRuntime(BindingRuntime[Allocation]):
             self._enter("plan")
             bank_spec = manifest.graphs["memory_attention"].input("bank")
             ptr_spec = manifest.graphs["memory_attention"].input("ptrs")
-            bank = _footprint(manifest.key_slots * manifest.tokens_per_slot * manifest.mem_dim
-                              * DTYPES[bank_spec.dtype].itemsize)
+            bank = _footprint(
+                manifest.key_slots
+                * manifest.tokens_per_slot
+                * manifest.mem_dim
+                * DTYPES[bank_spec.dtype].itemsize
+            )
             ptrs = _footprint(manifest.pointer_slots * manifest.hidden_dim * DTYPES[ptr_spec.dtype].itemsize)
             scratch: dict[str, int] = {}
             for g in manifest.graphs.values():
@@ -640,13 +767,24 @@ class AclRuntime(BindingRuntime[Allocation]):
             free, total = self._mem_info("plan")
             room = free - reserve_bytes - sessions * session_bytes
             max_objects = max(0, room // (sessions * per_object)) if sessions and per_object else 0
-            return {"objects": objects, "sessions": sessions, "bank_bytes": bank, "pointer_bytes": ptrs,
-                    "per_object_bytes": per_object, "session_scratch_bytes": session_bytes,
-                    "reserve_bytes": reserve_bytes, "need_bytes": need, "free_bytes": free, "total_bytes": total,
-                    "max_objects": int(max_objects), "fits": need <= free}
+            return {
+                "objects": objects,
+                "sessions": sessions,
+                "bank_bytes": bank,
+                "pointer_bytes": ptrs,
+                "per_object_bytes": per_object,
+                "session_scratch_bytes": session_bytes,
+                "reserve_bytes": reserve_bytes,
+                "need_bytes": need,
+                "free_bytes": free,
+                "total_bytes": total,
+                "max_objects": int(max_objects),
+                "fits": need <= free,
+            }
 
-    def check_memory(self, manifest: Manifest, objects: int, sessions: int = 1,
-                     reserve_bytes: int = RESERVE_BYTES) -> dict[str, Any]:
+    def check_memory(
+        self, manifest: Manifest, objects: int, sessions: int = 1, reserve_bytes: int = RESERVE_BYTES
+    ) -> dict[str, Any]:
         """:meth:`plan`, raising :class:`ConfigError` with the numbers when it does not fit the free HBM."""
         p = self.plan(manifest, objects, sessions, reserve_bytes)
         if not p["fits"]:
@@ -657,7 +795,8 @@ class AclRuntime(BindingRuntime[Allocation]):
                 f"{p['free_bytes']} bytes ({p['free_bytes'] / mib:.1f} MiB) free of {p['total_bytes']}: "
                 f"{p['per_object_bytes']} bytes per object (bank {p['bank_bytes']} + pointers {p['pointer_bytes']}), "
                 f"{p['session_scratch_bytes']} bytes of scratch per session, {p['reserve_bytes']} bytes reserve; "
-                f"at most {p['max_objects']} objects fit: lower max_objects or free device memory")
+                f"at most {p['max_objects']} objects fit: lower max_objects or free device memory"
+            )
         return p
 
     def _mem_info(self, where: str) -> tuple[int, int]:
@@ -666,7 +805,9 @@ class AclRuntime(BindingRuntime[Allocation]):
         return int(free), int(total)
 
     # -- running -----------------------------------------------------------------------------------------------------
-    def run(self, graph: str, inputs: Mapping[str, DeviceBuffer], outputs: Mapping[str, DeviceBuffer]) -> None:
+    def run(
+        self, graph: str, inputs: Mapping[str, DeviceBuffer], outputs: Mapping[str, DeviceBuffer]
+    ) -> None:
         """Run ``graph`` on device buffers bound by name (every input and output exactly once, dtypes and static
         dims as in the manifest, one value per dynamic symbol, outputs overlapping nothing else, 64-byte aligned
         addresses).  Data buffers are re-pointed where the bound window moved; dynamic graphs get their gear set;
@@ -675,31 +816,52 @@ class AclRuntime(BindingRuntime[Allocation]):
             self._enter("run")
             g = self._graphs.get(graph)
             if g is None:
-                raise BackendError(f"{self.name}.run: graph {graph!r} is not loaded (loaded: "
-                                   f"{', '.join(self._graphs) or 'none'})")
+                raise BackendError(
+                    f"{self.name}.run: graph {graph!r} is not loaded (loaded: "
+                    f"{', '.join(self._graphs) or 'none'})"
+                )
             where = f"run({graph!r})"
 
             def aligned(kind: str, n: str, buf: DeviceBuffer, addr: int) -> None:
                 if addr % IO_ALIGN:
-                    raise BackendError(f"{self.name}.{where}: {kind} {n!r} is bound to buffer "
-                                       f"{buf.name or buf.handle} at byte offset {buf.offset}, address "
-                                       f"0x{addr:x} is not {IO_ALIGN}-byte aligned (model I/O must be; slot sizes "
-                                       f"must be multiples of {IO_ALIGN} bytes)")
+                    raise BackendError(
+                        f"{self.name}.{where}: {kind} {n!r} is bound to buffer "
+                        f"{buf.name or buf.handle} at byte offset {buf.offset}, address "
+                        f"0x{addr:x} is not {IO_ALIGN}-byte aligned (model I/O must be; slot sizes "
+                        f"must be multiples of {IO_ALIGN} bytes)"
+                    )
 
-            bound, syms = self._check_bindings(graph, f"{self.name}.{where}",
-                                               (("input", [t.spec for t in g.inputs], inputs),
-                                                ("output", [t.spec for t in g.outputs], outputs)), aligned)
-            index = {(kind, t.spec.name): t.index for kind, ts in (("input", g.inputs), ("output", g.outputs))
-                     for t in ts}
+            bound, syms = self._check_bindings(
+                graph,
+                f"{self.name}.{where}",
+                (
+                    ("input", [t.spec for t in g.inputs], inputs),
+                    ("output", [t.spec for t in g.outputs], outputs),
+                ),
+                aligned,
+            )
+            index = {
+                (kind, t.spec.name): t.index
+                for kind, ts in (("input", g.inputs), ("output", g.outputs))
+                for t in ts
+            }
             addrs = {(b.kind, index[(b.kind, b.spec.name)]): (b.addr, b.buf.nbytes) for b in bound}
             self._bind(g, where, addrs)
             if g.dyn_index >= 0:
                 self._set_gear(g, where, syms)
             t0 = time.perf_counter()
-            self._check(self.acl.mdl.execute_async(g.model_id, g.in_ds, g.out_ds, self._stream), where,
-                        "acl.mdl.execute_async", f"model {g.model_id}")
-            self._check(self.acl.rt.synchronize_stream(self._stream), where, "acl.rt.synchronize_stream",
-                        f"after executing model {g.model_id}")
+            self._check(
+                self.acl.mdl.execute_async(g.model_id, g.in_ds, g.out_ds, self._stream),
+                where,
+                "acl.mdl.execute_async",
+                f"model {g.model_id}",
+            )
+            self._check(
+                self.acl.rt.synchronize_stream(self._stream),
+                where,
+                "acl.rt.synchronize_stream",
+                f"after executing model {g.model_id}",
+            )
             self._count_run(graph, t0)
 
     def _bind(self, g: _Graph, where: str, addrs: dict[tuple[str, int], tuple[int, int]]) -> None:
@@ -708,14 +870,21 @@ class AclRuntime(BindingRuntime[Allocation]):
         if not g.in_ds:
             self._build_datasets(g, where, addrs)
             return
-        for kind, buffers, tensors in (("input", g.in_buffers, g.inputs), ("output", g.out_buffers, g.outputs)):
+        for kind, buffers, tensors in (
+            ("input", g.in_buffers, g.inputs),
+            ("output", g.out_buffers, g.outputs),
+        ):
             for t, dbuf in zip(tensors, buffers):
                 key = (kind, t.index)
                 addr, size = addrs[key]
                 if g.bound.get(key) == (addr, size):
                     continue
-                self._check(acl.update_data_buffer(dbuf, addr, size), where, "acl.update_data_buffer",
-                            f"{kind} {t.spec.name!r} -> 0x{addr:x}, {size} bytes")
+                self._check(
+                    acl.update_data_buffer(dbuf, addr, size),
+                    where,
+                    "acl.update_data_buffer",
+                    f"{kind} {t.spec.name!r} -> 0x{addr:x}, {size} bytes",
+                )
                 g.bound[key] = (addr, size)
                 self.repoints[g.spec.name] = self.repoints.get(g.spec.name, 0) + 1
 
@@ -743,16 +912,21 @@ class AclRuntime(BindingRuntime[Allocation]):
                 if i != g.dyn_index:
                     in_buffers.append(dbuf)
                     bound[("input", i)] = (addr, size)
-                self._pair(acl.mdl.add_dataset_buffer(in_ds, dbuf), where, "acl.mdl.add_dataset_buffer",
-                           f"input {i}")
+                self._pair(
+                    acl.mdl.add_dataset_buffer(in_ds, dbuf), where, "acl.mdl.add_dataset_buffer", f"input {i}"
+                )
             for t in g.outputs:
                 addr, size = addrs[("output", t.index)]
                 dbuf = self._data_buffer(where, addr, size)
                 created.append(dbuf)
                 out_buffers.append(dbuf)
                 bound[("output", t.index)] = (addr, size)
-                self._pair(acl.mdl.add_dataset_buffer(out_ds, dbuf), where, "acl.mdl.add_dataset_buffer",
-                           f"output {t.index}")
+                self._pair(
+                    acl.mdl.add_dataset_buffer(out_ds, dbuf),
+                    where,
+                    "acl.mdl.add_dataset_buffer",
+                    f"output {t.index}",
+                )
         except BaseException:
             for dbuf in created:
                 acl.destroy_data_buffer(dbuf)
@@ -765,13 +939,14 @@ class AclRuntime(BindingRuntime[Allocation]):
     def _data_buffer(self, where: str, addr: int, size: int) -> int:
         dbuf = self.acl.create_data_buffer(addr, size)
         if not dbuf:
-            raise self._error(where, "acl.create_data_buffer", 100000, f"returned NULL for 0x{addr:x}, {size} bytes")
+            raise self._error(
+                where, "acl.create_data_buffer", 100000, f"returned NULL for 0x{addr:x}, {size} bytes"
+            )
         return int(dbuf)
 
     def _set_gear(self, g: _Graph, where: str, syms: dict[str, tuple[int, str]]) -> None:
         """``acl.mdl.set_input_dynamic_dims`` with every input's full shape for this run's symbol values."""
-        flat = tuple(int(v) if not isinstance(v, str) else syms[v][0]
-                     for t in g.inputs for v in t.spec.shape)
+        flat = tuple(int(v) if not isinstance(v, str) else syms[v][0] for t in g.inputs for v in t.spec.shape)
         if flat not in g.gears:
             got = ", ".join(f"{k}={v}" for k, (v, _) in sorted(syms.items()))
             compiled: dict[str, list[int]] = {}
@@ -780,12 +955,18 @@ class AclRuntime(BindingRuntime[Allocation]):
                     compiled.setdefault(k, []).append(v)
             have = "; ".join(f"{k} in {sorted(set(v))}" for k, v in sorted(compiled.items()))
             most = max((max(v) for v in compiled.values()), default=0)
-            raise BackendError(f"{self.name}.{where}: {got} is not a compiled gear of {g.path.name} ({have}); the .om "
-                               f"has fixed gears (ATC --dynamic_dims): use at most {most} points per object and frame "
-                               "(a box counts as two), or recompile with more gears")
+            raise BackendError(
+                f"{self.name}.{where}: {got} is not a compiled gear of {g.path.name} ({have}); the .om "
+                f"has fixed gears (ATC --dynamic_dims): use at most {most} points per object and frame "
+                "(a box counts as two), or recompile with more gears"
+            )
         dims = {"name": "", "dimCount": len(flat), "dims": list(flat)}
-        self._check(self.acl.mdl.set_input_dynamic_dims(g.model_id, g.in_ds, g.dyn_index, dims), where,
-                    "acl.mdl.set_input_dynamic_dims", ", ".join(f"{k}={v}" for k, (v, _) in sorted(syms.items())))
+        self._check(
+            self.acl.mdl.set_input_dynamic_dims(g.model_id, g.in_ds, g.dyn_index, dims),
+            where,
+            "acl.mdl.set_input_dynamic_dims",
+            ", ".join(f"{k}={v}" for k, (v, _) in sorted(syms.items())),
+        )
         self.gear_sets[g.spec.name] = self.gear_sets.get(g.spec.name, 0) + 1
 
 

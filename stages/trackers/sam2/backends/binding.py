@@ -52,8 +52,9 @@ def check_bound_names(where: str, kind: str, names: Sequence[str], given: Mappin
             raise BackendError(f"{where}: {n!r} is not an {kind} of the graph ({kind}s: {', '.join(names)})")
 
 
-def check_tensor(where: str, kind: str, spec: TensorSpec, buf: DeviceBuffer | None,
-                 syms: dict[str, tuple[int, str]]) -> DeviceBuffer:
+def check_tensor(
+    where: str, kind: str, spec: TensorSpec, buf: DeviceBuffer | None, syms: dict[str, tuple[int, str]]
+) -> DeviceBuffer:
     """``buf`` is bound and matches ``spec``'s dtype and static dims; a dynamic axis symbol (``syms``: symbol ->
     (value, first tensor)) takes one value across the run.  Returns ``buf``."""
     if buf is None:
@@ -66,13 +67,16 @@ def check_tensor(where: str, kind: str, spec: TensorSpec, buf: DeviceBuffer | No
             if isinstance(want, str):
                 prev = syms.setdefault(want, (got, spec.name))
                 if prev[0] != got:
-                    raise BackendError(f"{where}: {kind} {spec.name!r} has {want}={got} but {prev[1]!r} has "
-                                       f"{want}={prev[0]}")
+                    raise BackendError(
+                        f"{where}: {kind} {spec.name!r} has {want}={got} but {prev[1]!r} has {want}={prev[0]}"
+                    )
             elif want != got:
                 ok = False
     if not ok:
-        raise BackendError(f"{where}: {kind} {spec.name!r} shape: graph {fmt_shape(spec.shape)}, buffer "
-                           f"{fmt_shape(buf.shape)}")
+        raise BackendError(
+            f"{where}: {kind} {spec.name!r} shape: graph {fmt_shape(spec.shape)}, buffer "
+            f"{fmt_shape(buf.shape)}"
+        )
     return buf
 
 
@@ -108,8 +112,10 @@ class BindingRuntime(Runtime, Generic[A]):
     def _alloc_args(self, shape: tuple[int, ...], dtype: str, name: str) -> tuple[tuple[int, ...], int]:
         """Check :meth:`alloc`'s arguments; returns (shape as ints, bytes)."""
         if dtype not in DTYPES:
-            raise BackendError(f"{self.name}.alloc({name or '?'}): unsupported dtype {dtype!r} "
-                               f"(supported: {', '.join(DTYPES)})")
+            raise BackendError(
+                f"{self.name}.alloc({name or '?'}): unsupported dtype {dtype!r} "
+                f"(supported: {', '.join(DTYPES)})"
+            )
         shape = tuple(shape)
         if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
             raise BackendError(f"{self.name}.alloc({name or '?'}): bad shape {shape}")
@@ -127,21 +133,31 @@ class BindingRuntime(Runtime, Generic[A]):
         a = self._allocs.get(buf.handle) if isinstance(buf, DeviceBuffer) else None
         if a is None:
             what = f"buffer {buf.name or buf.handle}" if isinstance(buf, DeviceBuffer) else type(buf).__name__
-            raise BackendError(f"{self.name}.{call}: {what} is not a live buffer of this runtime (freed, or from "
-                               "another runtime)")
-        if buf.dtype not in DTYPES or buf.nbytes != prod(buf.shape) * DTYPES[buf.dtype].itemsize \
-                or buf.offset < 0 or buf.offset + buf.nbytes > a.nbytes:
-            raise BackendError(f"{self.name}.{call}: buffer {buf.name or buf.handle} window [{buf.offset}, "
-                               f"+{buf.nbytes}) {buf.dtype}{fmt_shape(buf.shape)} does not fit its {a.nbytes}-byte "
-                               "allocation")
+            raise BackendError(
+                f"{self.name}.{call}: {what} is not a live buffer of this runtime (freed, or from "
+                "another runtime)"
+            )
+        if (
+            buf.dtype not in DTYPES
+            or buf.nbytes != prod(buf.shape) * DTYPES[buf.dtype].itemsize
+            or buf.offset < 0
+            or buf.offset + buf.nbytes > a.nbytes
+        ):
+            raise BackendError(
+                f"{self.name}.{call}: buffer {buf.name or buf.handle} window [{buf.offset}, "
+                f"+{buf.nbytes}) {buf.dtype}{fmt_shape(buf.shape)} does not fit its {a.nbytes}-byte "
+                "allocation"
+            )
         return a
 
     def _forget(self, buf: DeviceBuffer) -> A:
         """Stop tracking the allocation behind ``buf`` (for :meth:`free`); returns it."""
         a = self._allocs.pop(buf.handle, None)
         if a is None:
-            raise BackendError(f"{self.name}.free: buffer {buf.name or buf.handle} is not live (double free, or "
-                               "from another runtime)")
+            raise BackendError(
+                f"{self.name}.free: buffer {buf.name or buf.handle} is not live (double free, or "
+                "from another runtime)"
+            )
         return a
 
     def view(self, buf: DeviceBuffer, offset_elems: int, shape: tuple[int, ...]) -> DeviceBuffer:
@@ -158,8 +174,10 @@ class BindingRuntime(Runtime, Generic[A]):
         """``src`` as an array with ``dst``'s dtype and number of elements, or a :class:`BackendError`."""
         src = np.asarray(src)
         if src.dtype != DTYPES[dst.dtype] or src.size != dst.size:
-            raise BackendError(f"{self.name}.upload({dst.name or dst.handle}): source {src.dtype}"
-                               f"{list(src.shape)} does not match buffer {dst.dtype}{list(dst.shape)}")
+            raise BackendError(
+                f"{self.name}.upload({dst.name or dst.handle}): source {src.dtype}"
+                f"{list(src.shape)} does not match buffer {dst.dtype}{list(dst.shape)}"
+            )
         return src
 
     def _download_target(self, src: DeviceBuffer, out: np.ndarray | None) -> np.ndarray:
@@ -168,21 +186,26 @@ class BindingRuntime(Runtime, Generic[A]):
         if out is None:
             return np.empty(src.shape, dt)
         if out.dtype != dt or out.shape != src.shape or not out.flags.c_contiguous or not out.flags.writeable:
-            raise BackendError(f"{self.name}.download({src.name or src.handle}): out {out.dtype}{list(out.shape)} "
-                               f"must be a writeable C-contiguous {src.dtype}{list(src.shape)} array")
+            raise BackendError(
+                f"{self.name}.download({src.name or src.handle}): out {out.dtype}{list(out.shape)} "
+                f"must be a writeable C-contiguous {src.dtype}{list(src.shape)} array"
+            )
         return out
 
     # -- runs --------------------------------------------------------------------------------------------------------
-    def _check_bindings(self, graph: str, where: str,
-                        tensors: Iterable[tuple[str, Sequence[TensorSpec], Mapping[str, DeviceBuffer]]],
-                        check_addr: Callable[[str, str, DeviceBuffer, int], None] | None = None,
-                        ) -> tuple[list[Bound], dict[str, tuple[int, str]]]:
+    def _check_bindings(
+        self,
+        graph: str,
+        where: str,
+        tensors: Iterable[tuple[str, Sequence[TensorSpec], Mapping[str, DeviceBuffer]]],
+        check_addr: Callable[[str, str, DeviceBuffer, int], None] | None = None,
+    ) -> tuple[list[Bound], dict[str, tuple[int, str]]]:
         """Check one run's bindings: for each ``(kind, specs, given)`` every name in ``given`` is a graph tensor,
         every tensor is bound once to a live buffer with its dtype and static dims, one value per dynamic symbol,
         ``check_addr(kind, name, buf, addr)`` (e.g. alignment), and no output overlaps another bound tensor.
         Returns the bindings in graph order and the symbol values (``{"K": (3, "points")}``)."""
         bound: list[Bound] = []
-        spans: list[tuple[str, str, int, int, int]] = []    # kind, name, handle, start, end
+        spans: list[tuple[str, str, int, int, int]] = []  # kind, name, handle, start, end
         syms: dict[str, tuple[int, str]] = {}
         for kind, specs, given in tensors:
             check_bound_names(where, kind, [s.name for s in specs], given)
@@ -198,5 +221,12 @@ class BindingRuntime(Runtime, Generic[A]):
         return bound, syms
 
 
-__all__ = ["Allocation", "BindingRuntime", "Bound", "check_bound_names", "check_no_overlap", "check_tensor",
-           "fmt_shape"]
+__all__ = [
+    "Allocation",
+    "BindingRuntime",
+    "Bound",
+    "check_bound_names",
+    "check_no_overlap",
+    "check_tensor",
+    "fmt_shape",
+]

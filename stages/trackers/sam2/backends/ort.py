@@ -54,10 +54,20 @@ _CUDA_MEMORY_EPS = (CUDA_EP, TRT_EP)
 
 #: ONNX Runtime type strings -> our dtype names (unsupported ones keep a readable name for error messages)
 _ORT_TYPES: dict[str, str] = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64", "tensor(int32)": "int32",
-    "tensor(uint8)": "uint8", "tensor(bool)": "bool", "tensor(double)": "float64", "tensor(bfloat16)": "bfloat16",
-    "tensor(int8)": "int8", "tensor(int16)": "int16", "tensor(uint16)": "uint16", "tensor(uint32)": "uint32",
-    "tensor(uint64)": "uint64", "tensor(string)": "string",
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+    "tensor(double)": "float64",
+    "tensor(bfloat16)": "bfloat16",
+    "tensor(int8)": "int8",
+    "tensor(int16)": "int16",
+    "tensor(uint16)": "uint16",
+    "tensor(uint32)": "uint32",
+    "tensor(uint64)": "uint64",
+    "tensor(string)": "string",
 }
 
 _ALIGN = 64
@@ -67,8 +77,10 @@ def _import_ort() -> Any:
     try:
         import onnxruntime
     except ImportError as exc:
-        raise BackendError("OrtRuntime: onnxruntime is not installed; install it with pip install 'vostream[onnx]' "
-                           "(or onnxruntime-gpu for CUDA / TensorRT)") from exc
+        raise BackendError(
+            "OrtRuntime: onnxruntime is not installed; install it with pip install 'vostream[onnx]' "
+            "(or onnxruntime-gpu for CUDA / TensorRT)"
+        ) from exc
     return onnxruntime
 
 
@@ -91,7 +103,7 @@ class _Graph:
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
     bound: dict[tuple[str, str], tuple[int, int, tuple[int, ...]]] = field(default_factory=dict)
-    out_order: list[str] = field(default_factory=list)    # binding order of outputs = order of get_outputs()
+    out_order: list[str] = field(default_factory=list)  # binding order of outputs = order of get_outputs()
 
 
 class _CudaRT:
@@ -117,8 +129,11 @@ class _CudaRT:
 
     @staticmethod
     def _find(ort: Any) -> Any:
-        names = ("cudart64_12.dll", "cudart64_13.dll", "cudart64_110.dll") if sys.platform == "win32" else (
-            "libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so")
+        names = (
+            ("cudart64_12.dll", "cudart64_13.dll", "cudart64_110.dll")
+            if sys.platform == "win32"
+            else ("libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so")
+        )
 
         def attempt() -> Any:
             for n in names:
@@ -136,12 +151,14 @@ class _CudaRT:
 
         lib = attempt()
         if lib is None and hasattr(ort, "preload_dlls"):
-            with contextlib.suppress(Exception):    # best effort; the error below explains what is missing
+            with contextlib.suppress(Exception):  # best effort; the error below explains what is missing
                 ort.preload_dlls(cuda=True, cudnn=False, msvc=False)
             lib = attempt()
         if lib is None:
-            raise BackendError("OrtRuntime: copying to/from part of a CUDA buffer needs the CUDA runtime library "
-                               f"(tried {', '.join(names)}); install the CUDA runtime matching onnxruntime-gpu")
+            raise BackendError(
+                "OrtRuntime: copying to/from part of a CUDA buffer needs the CUDA runtime library "
+                f"(tried {', '.join(names)}); install the CUDA runtime matching onnxruntime-gpu"
+            )
         return lib
 
     def _check(self, rc: int, what: str) -> None:
@@ -169,9 +186,16 @@ class OrtRuntime(BindingRuntime[_Alloc]):
 
     name = "OrtRuntime"
 
-    def __init__(self, providers: Sequence[str | tuple[str, dict[str, Any]]] | str | None = None, device_id: int = 0,
-                 threads: int | None = None, session_options: Any = None, *, trt_fp16: bool = False,
-                 trt_cache_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        providers: Sequence[str | tuple[str, dict[str, Any]]] | str | None = None,
+        device_id: int = 0,
+        threads: int | None = None,
+        session_options: Any = None,
+        *,
+        trt_fp16: bool = False,
+        trt_cache_dir: str | Path | None = None,
+    ) -> None:
         super().__init__()
         self._ort = _import_ort()
         self.device_id = int(device_id)
@@ -188,7 +212,9 @@ class OrtRuntime(BindingRuntime[_Alloc]):
             # the tracker shares the cores with decode/preprocess/postprocess threads: idle ORT workers must sleep,
             # not spin (spinning workers starve the other pipeline stages on small machines)
             session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            session_options.log_severity_level = 3  # ORT's own warnings (shape-merge notes) are not actionable
+            session_options.log_severity_level = (
+                3  # ORT's own warnings (shape-merge notes) are not actionable
+            )
         if threads is not None:
             if threads < 1:
                 raise BackendError(f"OrtRuntime: threads must be >= 1 (got {threads})")
@@ -201,8 +227,12 @@ class OrtRuntime(BindingRuntime[_Alloc]):
         self.inplace_fallbacks: dict[str, int] = {}
 
     # -- construction ------------------------------------------------------------------------------------------------
-    def _resolve_providers(self, providers: Sequence[str | tuple[str, dict[str, Any]]] | str | None, trt_fp16: bool,
-                           trt_cache_dir: str | Path | None) -> list[str | tuple[str, dict[str, Any]]]:
+    def _resolve_providers(
+        self,
+        providers: Sequence[str | tuple[str, dict[str, Any]]] | str | None,
+        trt_fp16: bool,
+        trt_cache_dir: str | Path | None,
+    ) -> list[str | tuple[str, dict[str, Any]]]:
         """Expand short names, add default options, drop duplicates, and refuse providers this ORT build lacks."""
         if providers is None:
             providers = [CPU_EP]
@@ -217,7 +247,9 @@ class OrtRuntime(BindingRuntime[_Alloc]):
             elif isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], dict):
                 expanded.append((p[0], dict(p[1])))
             else:
-                raise BackendError(f"OrtRuntime: provider entry {p!r} is neither a name nor a (name, options) pair")
+                raise BackendError(
+                    f"OrtRuntime: provider entry {p!r} is neither a name nor a (name, options) pair"
+                )
         available = list(self._ort.get_available_providers())
         out: list[str | tuple[str, dict[str, Any]]] = []
         seen: set[str] = set()
@@ -227,11 +259,16 @@ class OrtRuntime(BindingRuntime[_Alloc]):
                 continue
             seen.add(pname)
             if pname not in available:
-                hint = ("install the GPU build: pip uninstall onnxruntime && pip install onnxruntime-gpu "
-                        "(TensorRT also needs the TensorRT libraries)" if pname in _CUDA_MEMORY_EPS
-                        else "install an onnxruntime build that includes it")
-                raise BackendError(f"OrtRuntime: execution provider {pname} is not available in onnxruntime "
-                                   f"{self._ort.__version__} (available: {', '.join(available)}); {hint}")
+                hint = (
+                    "install the GPU build: pip uninstall onnxruntime && pip install onnxruntime-gpu "
+                    "(TensorRT also needs the TensorRT libraries)"
+                    if pname in _CUDA_MEMORY_EPS
+                    else "install an onnxruntime build that includes it"
+                )
+                raise BackendError(
+                    f"OrtRuntime: execution provider {pname} is not available in onnxruntime "
+                    f"{self._ort.__version__} (available: {', '.join(available)}); {hint}"
+                )
             if isinstance(p, str):
                 if pname == CUDA_EP:
                     p = (pname, {"device_id": self.device_id})
@@ -259,44 +296,63 @@ class OrtRuntime(BindingRuntime[_Alloc]):
             spec = spec.with_shrinkable_axes()  # ORT takes any size there: sessions may bind shorter views
             path = model_dir / spec.file
             if not path.is_file():
-                raise BackendError(f"OrtRuntime.load: graph {gname!r}: model file {path} not found "
-                                   f"(provider {self._primary})")
+                raise BackendError(
+                    f"OrtRuntime.load: graph {gname!r}: model file {path} not found "
+                    f"(provider {self._primary})"
+                )
             try:
                 sess = self._ort.InferenceSession(str(path), sess_options=self._so, providers=self._providers)
             except Exception as exc:
-                raise BackendError(f"OrtRuntime.load: graph {gname!r}: cannot load {path} with {self._primary}: "
-                                   f"{exc}") from exc
+                raise BackendError(
+                    f"OrtRuntime.load: graph {gname!r}: cannot load {path} with {self._primary}: {exc}"
+                ) from exc
             active = list(sess.get_providers())
             if self._primary not in active:
-                raise BackendError(f"OrtRuntime.load: graph {gname!r}: {path} was requested on {self._primary} but "
-                                   f"onnxruntime put it on {', '.join(active)} (the provider failed to initialise; "
-                                   "check the CUDA / cuDNN / TensorRT libraries match onnxruntime-gpu)")
+                raise BackendError(
+                    f"OrtRuntime.load: graph {gname!r}: {path} was requested on {self._primary} but "
+                    f"onnxruntime put it on {', '.join(active)} (the provider failed to initialise; "
+                    "check the CUDA / cuDNN / TensorRT libraries match onnxruntime-gpu)"
+                )
             self._check_io(gname, spec, path, sess)
-            loaded[gname] = _Graph(spec, path, sess, sess.io_binding(), {t.name: t for t in spec.inputs},
-                                   {t.name: t for t in spec.outputs})
+            loaded[gname] = _Graph(
+                spec,
+                path,
+                sess,
+                sess.io_binding(),
+                {t.name: t for t in spec.inputs},
+                {t.name: t for t in spec.outputs},
+            )
         self._graphs = loaded
 
     @staticmethod
     def _check_io(gname: str, spec: GraphSpec, path: Path, sess: Any) -> None:
         """Raise ``BackendError`` naming graph, tensor and both values where the model and the manifest disagree."""
-        for kind, want, got in (("input", spec.inputs, sess.get_inputs()),
-                                ("output", spec.outputs, sess.get_outputs())):
+        for kind, want, got in (
+            ("input", spec.inputs, sess.get_inputs()),
+            ("output", spec.outputs, sess.get_outputs()),
+        ):
             model = {n.name: n for n in got}
             names = [t.name for t in want]
             for t in want:
                 if t.name not in model:
-                    raise BackendError(f"OrtRuntime.load: graph {gname!r} ({path.name}): {kind} {t.name!r} is in the "
-                                       f"manifest but not in the model (model {kind}s: {', '.join(model) or 'none'})")
+                    raise BackendError(
+                        f"OrtRuntime.load: graph {gname!r} ({path.name}): {kind} {t.name!r} is in the "
+                        f"manifest but not in the model (model {kind}s: {', '.join(model) or 'none'})"
+                    )
             for n in model:
                 if n not in names:
-                    raise BackendError(f"OrtRuntime.load: graph {gname!r} ({path.name}): model {kind} {n!r} is not in "
-                                       f"the manifest (manifest {kind}s: {', '.join(names) or 'none'})")
+                    raise BackendError(
+                        f"OrtRuntime.load: graph {gname!r} ({path.name}): model {kind} {n!r} is not in "
+                        f"the manifest (manifest {kind}s: {', '.join(names) or 'none'})"
+                    )
             for t in want:
                 m = model[t.name]
                 mdtype = _ORT_TYPES.get(m.type, m.type)
                 if mdtype != t.dtype:
-                    raise BackendError(f"OrtRuntime.load: graph {gname!r} ({path.name}): {kind} {t.name!r} dtype: "
-                                       f"manifest {t.dtype}, model {mdtype}")
+                    raise BackendError(
+                        f"OrtRuntime.load: graph {gname!r} ({path.name}): {kind} {t.name!r} dtype: "
+                        f"manifest {t.dtype}, model {mdtype}"
+                    )
                 mshape = list(m.shape)
                 bad = len(mshape) != len(t.shape)
                 for a, b in zip(t.shape, mshape):
@@ -305,8 +361,10 @@ class OrtRuntime(BindingRuntime[_Alloc]):
                     if isinstance(b, int) and (isinstance(a, str) or a != b):
                         bad = True
                 if bad:
-                    raise BackendError(f"OrtRuntime.load: graph {gname!r} ({path.name}): {kind} {t.name!r} shape: "
-                                       f"manifest {fmt_shape(t.shape)}, model {fmt_shape(mshape)}")
+                    raise BackendError(
+                        f"OrtRuntime.load: graph {gname!r} ({path.name}): {kind} {t.name!r} shape: "
+                        f"manifest {fmt_shape(t.shape)}, model {fmt_shape(mshape)}"
+                    )
 
     @property
     def providers_in_use(self) -> dict[str, list[str]]:
@@ -318,10 +376,15 @@ class OrtRuntime(BindingRuntime[_Alloc]):
         """One line for logs: ORT version, providers, device, threads, graphs and live memory."""
         names = [p if isinstance(p, str) else p[0] for p in self._providers]
         live = sum(a.nbytes for a in self._allocs.values())
-        state = "closed" if self._closed else f"{len(self._graphs)} graphs, {len(self._allocs)} buffers " \
-                                              f"({live / 2**20:.1f} MiB)"
-        return (f"OrtRuntime(onnxruntime {self._ort.__version__}, providers {'>'.join(names)}, "
-                f"memory {self._device_type}:{self.device_id}, threads {self.threads or 'default'}, {state})")
+        state = (
+            "closed"
+            if self._closed
+            else f"{len(self._graphs)} graphs, {len(self._allocs)} buffers ({live / 2**20:.1f} MiB)"
+        )
+        return (
+            f"OrtRuntime(onnxruntime {self._ort.__version__}, providers {'>'.join(names)}, "
+            f"memory {self._device_type}:{self.device_id}, threads {self.threads or 'default'}, {state})"
+        )
 
     # -- memory ------------------------------------------------------------------------------------------------------
     def alloc(self, shape: tuple[int, ...], dtype: str, name: str = "") -> DeviceBuffer:
@@ -331,13 +394,17 @@ class OrtRuntime(BindingRuntime[_Alloc]):
         if self._device_type == "cpu":
             raw = np.zeros(nbytes + _ALIGN, np.uint8)
             start = -raw.ctypes.data % _ALIGN
-            host = raw[start:start + nbytes]
+            host = raw[start : start + nbytes]
             return self._register(_Alloc(host.ctypes.data, nbytes, name, host=host), shape, dtype, name)
         try:
-            ov = self._ort.OrtValue.ortvalue_from_numpy(np.zeros(max(nbytes, 1), np.uint8), "cuda", self.device_id)
+            ov = self._ort.OrtValue.ortvalue_from_numpy(
+                np.zeros(max(nbytes, 1), np.uint8), "cuda", self.device_id
+            )
         except Exception as exc:
-            raise BackendError(f"OrtRuntime.alloc({name or '?'}): cannot allocate {nbytes} bytes on "
-                               f"cuda:{self.device_id}: {exc}") from exc
+            raise BackendError(
+                f"OrtRuntime.alloc({name or '?'}): cannot allocate {nbytes} bytes on "
+                f"cuda:{self.device_id}: {exc}"
+            ) from exc
         return self._register(_Alloc(int(ov.data_ptr()), nbytes, name, dev=ov), shape, dtype, name)
 
     def view(self, buf: DeviceBuffer, offset_elems: int, shape: tuple[int, ...]) -> DeviceBuffer:
@@ -347,7 +414,7 @@ class OrtRuntime(BindingRuntime[_Alloc]):
 
     def _host_window(self, a: _Alloc, buf: DeviceBuffer) -> np.ndarray:
         assert a.host is not None
-        return a.host[buf.offset:buf.offset + buf.nbytes].view(DTYPES[buf.dtype]).reshape(buf.shape)
+        return a.host[buf.offset : buf.offset + buf.nbytes].view(DTYPES[buf.dtype]).reshape(buf.shape)
 
     def _cuda(self) -> _CudaRT:
         if self._cudart is None:
@@ -387,7 +454,9 @@ class OrtRuntime(BindingRuntime[_Alloc]):
                 if src.offset == 0 and src.nbytes == a.nbytes:
                     np.copyto(out, a.dev.numpy().view(dt).reshape(src.shape))
                 else:
-                    self._cuda().copy(out.ctypes.data, a.ptr + src.offset, src.nbytes, _CudaRT.D2H, "download")
+                    self._cuda().copy(
+                        out.ctypes.data, a.ptr + src.offset, src.nbytes, _CudaRT.D2H, "download"
+                    )
             except BackendError:
                 raise
             except Exception as exc:
@@ -412,18 +481,23 @@ class OrtRuntime(BindingRuntime[_Alloc]):
         self._closed = True
 
     # -- running -----------------------------------------------------------------------------------------------------
-    def run(self, graph: str, inputs: Mapping[str, DeviceBuffer], outputs: Mapping[str, DeviceBuffer]) -> None:
+    def run(
+        self, graph: str, inputs: Mapping[str, DeviceBuffer], outputs: Mapping[str, DeviceBuffer]
+    ) -> None:
         """Run ``graph``: every input and every output bound exactly once, by name, to a buffer whose dtype and
         static dims match the manifest (a dynamic axis symbol takes the same value everywhere in one run); outputs
         may not overlap each other or any input.  ORT writes the outputs into the bound memory."""
         self._check_open("run")
         g = self._graphs.get(graph)
         if g is None:
-            raise BackendError(f"OrtRuntime.run: graph {graph!r} is not loaded (loaded: "
-                               f"{', '.join(self._graphs) or 'none'})")
-        bound, _ = self._check_bindings(graph, f"OrtRuntime.run({graph!r})",
-                                        (("input", list(g.inputs.values()), inputs),
-                                         ("output", list(g.outputs.values()), outputs)))
+            raise BackendError(
+                f"OrtRuntime.run: graph {graph!r} is not loaded (loaded: {', '.join(self._graphs) or 'none'})"
+            )
+        bound, _ = self._check_bindings(
+            graph,
+            f"OrtRuntime.run({graph!r})",
+            (("input", list(g.inputs.values()), inputs), ("output", list(g.outputs.values()), outputs)),
+        )
         ptrs = {(b.kind, b.spec.name): b.addr for b in bound}
         b = g.binding
         dev, did = self._device_type, (self.device_id if self._device_type == "cuda" else 0)
@@ -452,13 +526,15 @@ class OrtRuntime(BindingRuntime[_Alloc]):
         self._count_run(graph, t0)
         self._ensure_in_place(graph, g, outputs, ptrs)
 
-    def _ensure_in_place(self, graph: str, g: _Graph, outputs: Mapping[str, DeviceBuffer],
-                         ptrs: dict[tuple[str, str], int]) -> None:
+    def _ensure_in_place(
+        self, graph: str, g: _Graph, outputs: Mapping[str, DeviceBuffer], ptrs: dict[tuple[str, str], int]
+    ) -> None:
         """Check ORT wrote every output into the bound memory; copy (counted as d2d) where it did not."""
         got = g.binding.get_outputs()
         if len(got) != len(g.out_order):
-            raise BackendError(f"OrtRuntime.run({graph!r}): ORT returned {len(got)} outputs for "
-                               f"{len(g.out_order)} bound")
+            raise BackendError(
+                f"OrtRuntime.run({graph!r}): ORT returned {len(got)} outputs for {len(g.out_order)} bound"
+            )
         for n, ov in zip(g.out_order, got):
             buf = outputs[n]
             if not buf.nbytes or int(ov.data_ptr()) == ptrs[("output", n)]:
