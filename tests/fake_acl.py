@@ -44,7 +44,6 @@ import collections
 import ctypes
 import operator
 import os
-import queue
 import sys
 import threading
 import time
@@ -388,11 +387,9 @@ class FakeConfig:
     run_mode: int = ACL_HOST
     poison: int | None = 0xFF  # fill byte for fresh rt.malloc memory (None: zero pages)
     strict_bounds: bool = True  # bounds = requested size (True) or padded size (False)
-    async_align: int = 64  # required alignment of memcpy_async pointers (1 disables)
     io_align: int = 64  # required alignment of model I/O addresses (1 disables)
     max_streams: int = 1984  # per device, Atlas A2
     ort_threads: int = 0  # ONNX Runtime intra-op threads (0: ORT default)
-    callback_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -478,9 +475,7 @@ class _Context:
 class _Task:
     label: str
     run: Callable[[], None]
-    kind: str = "op"  # "op" | "callback"
     fault: int = 0
-    callback: tuple[Any, Any, int] | None = None
     cleanup: Callable[[], None] | None = None
 
 
@@ -491,17 +486,6 @@ class _Stream:
     device: int
     is_default: bool = False
     queue: collections.deque[_Task] = field(default_factory=collections.deque)
-    subscriber: int | None = None
-    destroyed: bool = False
-
-
-@dataclass(eq=False)
-class _Event:
-    handle: int
-    context: int
-    stream: int = 0
-    task: _Task | None = None
-    timestamp: float | None = None
     destroyed: bool = False
 
 
@@ -556,23 +540,6 @@ class _Desc:
     handle: int
     model: _Model | None = None
     destroyed: bool = False
-
-
-@dataclass(eq=False)
-class _TensorDesc:
-    handle: int
-    dtype: int
-    dims: list[int]
-    fmt: int
-    destroyed: bool = False
-
-
-@dataclass(eq=False)
-class _Thread:
-    tid: int
-    thread: threading.Thread
-    errors: list[str] = field(default_factory=list)
-    stopped: bool = False
 
 
 @dataclass
@@ -661,8 +628,6 @@ class _FakeAcl:
         self.default_ctx: dict[int, int] = {}
         self.models: dict[int, _Model] = {}
         self.next_model_id = 1
-        self.threads: dict[int, _Thread] = {}
-        self.reports: dict[int, queue.Queue[tuple[Any, Any, threading.Event]]] = {}
         self.counters = _Counters()
         self.injections: list[Injection] = []
         self.pending_fault = 0
@@ -936,10 +901,7 @@ class _FakeAcl:
                         f"injected fault {task.fault} ({ERROR_NAMES.get(task.fault, '?')}) "
                         f"in queued {task.label}",
                     )
-                if task.kind == "callback":
-                    self.deliver_callback(stream, task)
-                else:
-                    task.run()
+                task.run()
             except _Fail as exc:
                 dropped = list(stream.queue)
                 stream.queue.clear()
@@ -967,30 +929,6 @@ class _FakeAcl:
         if code:
             raise _Fail(code, message)
         return ACL_SUCCESS
-
-    def deliver_callback(self, stream: _Stream, task: _Task) -> None:
-        assert task.callback is not None
-        fn, user_data, block = task.callback
-        tid = stream.subscriber
-        q = self.reports.get(tid) if tid is not None else None
-        if q is None:
-            raise _Fail(
-                ACL_ERROR_STREAM_NOT_SUBSCRIBE, f"callback on stream {_hex(stream.handle)}: no subscriber"
-            )
-        done = threading.Event()
-        q.put((fn, user_data, done))
-        if block == ACL_CALLBACK_BLOCK:
-            self.lock.release()
-            try:
-                ok = done.wait(self.config.callback_timeout_s)
-            finally:
-                self.lock.acquire()
-            if not ok:
-                raise _Fail(
-                    ACL_ERROR_RT_REPORT_TIMEOUT,
-                    f"blocking callback on stream {_hex(stream.handle)} was not processed by thread {tid} within "
-                    f"{self.config.callback_timeout_s} s (is it calling acl.rt.process_report?)",
-                )
 
     # -- models -----------------------------------------------------------------------------------------------
 
@@ -1587,11 +1525,6 @@ def _update_data_buffer(s: _FakeAcl, handle: int, ptr: int, size: int) -> int:
     return ACL_SUCCESS
 
 
-def _tensor_desc(s: _FakeAcl, handle: int) -> _TensorDesc | None:
-    obj = s.objects.get(handle)
-    return obj if isinstance(obj, _TensorDesc) else None
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # acl.rt.*  devices, contexts, streams
 # ----------------------------------------------------------------------------------------------------------------
@@ -1788,20 +1721,6 @@ def _get_mem_info(s: _FakeAcl, attr: int) -> tuple[int, int, int]:
         total = s.config.hbm_bytes
         return max(0, total - s.counters.device_bytes_in_use), total, ACL_SUCCESS
     raise _Fail(ACL_ERROR_INVALID_PARAM, f"acl.rt.get_mem_info: {attr} is not an aclrtMemAttr")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# acl.rt.*  events and callbacks
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _settle_event(s: _FakeAcl, event: _Event) -> tuple[int, str]:
-    if event.task is None:
-        return 0, ""
-    stream = s.objects.get(event.stream)
-    if isinstance(stream, _Stream) and event.task in stream.queue:
-        return s.drain(stream, until=event.task)
-    return 0, ""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -2216,22 +2135,17 @@ def live_handles() -> dict[str, list[int]]:
             "devices": sorted(s.device_refs),
             "contexts": [],
             "streams": [],
-            "events": [],
             "models": sorted(s.models),
             "model_descs": [],
             "datasets": [],
             "data_buffers": [],
-            "tensor_descs": [],
-            "threads": [t.tid for t in s.threads.values() if not t.stopped],
         }
         kinds = {
             _Context: "contexts",
             _Stream: "streams",
-            _Event: "events",
             _Desc: "model_descs",
             _Dataset: "datasets",
             _DataBuffer: "data_buffers",
-            _TensorDesc: "tensor_descs",
         }
         for handle, obj in s.objects.items():
             if getattr(obj, "destroyed", False):
