@@ -57,17 +57,38 @@ def run(root: Path, label: str, **options: Any) -> dict[str, Any]:
     out = root / f"out-{label}"
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    report = run_annotate(AnnotateOptions(inputs=[str(root / "vids")], prompts=str(root / "prompts.csv"),
-                                          out=str(out), quiet=True, **options))
+    report = run_annotate(
+        AnnotateOptions(
+            inputs=[str(root / "vids")],
+            prompts=str(root / "prompts.csv"),
+            out=str(out),
+            quiet=True,
+            **options,
+        )
+    )
     wall = time.perf_counter() - t0
     if report.exit_code != 0:
         raise SystemExit(f"{label}: the batch failed: {report.failed}")
     frames = sum(r.frames for r in report.results.values())
     videos = len(report.results)
-    row = {"run": label, "videos": videos, "frames": frames, "wall_s": round(wall, 2),
-           "videos_per_hour": round(videos / wall * 3600), "fps": round(frames / wall, 1), "digest": digest(out)}
-    logger.info("%-10s %3d videos %5d frames  %6.2f s  %7d videos/h  %6.1f fps", label, videos, frames, wall,
-                row["videos_per_hour"], row["fps"])
+    row = {
+        "run": label,
+        "videos": videos,
+        "frames": frames,
+        "wall_s": round(wall, 2),
+        "videos_per_hour": round(videos / wall * 3600),
+        "fps": round(frames / wall, 1),
+        "digest": digest(out),
+    }
+    logger.info(
+        "%-10s %3d videos %5d frames  %6.2f s  %7d videos/h  %6.1f fps",
+        label,
+        videos,
+        frames,
+        wall,
+        row["videos_per_hour"],
+        row["fps"],
+    )
     return row
 
 
@@ -85,10 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     with tempfile.TemporaryDirectory(prefix="bench-annotate-") as tmp:
         root = make_batch(Path(tmp), args.videos, w, h, args.frames)
-        logger.info("batch: %d videos of %dx%d, %d frames each; %s cores", args.videos, w, h, args.frames, cores)
+        logger.info(
+            "batch: %d videos of %dx%d, %d frames each; %s cores", args.videos, w, h, args.frames, cores
+        )
         rows = [run(root, "workers=1", workers=1), run(root, "workers=2", workers=2)]
-        result: dict[str, Any] = {"videos": args.videos, "size": [w, h], "frames_per_video": args.frames,
-                                  "cores": cores, "runs": rows}
+        result: dict[str, Any] = {
+            "videos": args.videos,
+            "size": [w, h],
+            "frames_per_video": args.frames,
+            "cores": cores,
+            "runs": rows,
+        }
         result["scaling_2_vs_1"] = round(rows[0]["wall_s"] / rows[1]["wall_s"], 2)
         if not args.no_ray:
             from vostream.pipeline.apps.annotate.ray_executor import start_local_ray
@@ -103,9 +131,17 @@ def main(argv: list[str] | None = None) -> int:
             result["ray_overhead"] = round(rows[2]["wall_s"] / rows[1]["wall_s"] - 1.0, 3)
         same = len({r["digest"] for r in rows}) == 1
         result["identical_outputs"] = same
-        logger.info("scaling 2 vs 1 workers: %.2fx%s; identical outputs: %s", result["scaling_2_vs_1"],
-                    (f"; Ray start {result['ray_start_s']} s, Ray vs local (2 workers) "
-                     f"{result['ray_overhead'] * 100:+.1f} %") if "ray_overhead" in result else "", same)
+        logger.info(
+            "scaling 2 vs 1 workers: %.2fx%s; identical outputs: %s",
+            result["scaling_2_vs_1"],
+            (
+                f"; Ray start {result['ray_start_s']} s, Ray vs local (2 workers) "
+                f"{result['ray_overhead'] * 100:+.1f} %"
+            )
+            if "ray_overhead" in result
+            else "",
+            same,
+        )
         if not same:
             raise SystemExit("runs gave different outputs")
     if args.json:

@@ -18,20 +18,32 @@ from ort_timing import cpu_session, median_ms
 def _chain(q: int, k: int, d: int, mask: bool):  # type: ignore[no-untyped-def]
     from onnx import TensorProto, helper
 
-    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
-             helper.make_node("MatMul", ["q", "kt"], ["s0"]),
-             helper.make_node("Mul", ["s0", "scale"], ["s1"])]
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+        helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+    ]
     last = "s1"
     if mask:
         nodes.append(helper.make_node("Add", ["s1", "m"], ["s2"]))
         last = "s2"
-    nodes += [helper.make_node("Softmax", [last], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["o"])]
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in
-              [("q", [1, q, d]), ("k", [1, k, d]), ("v", [1, k, d])]]
+    nodes += [
+        helper.make_node("Softmax", [last], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["o"]),
+    ]
+    inputs = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+        for n, s in [("q", [1, q, d]), ("k", [1, k, d]), ("v", [1, k, d])]
+    ]
     if mask:
         inputs.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 1, k]))
-    graph = helper.make_graph(nodes, "chain", inputs, [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1, q, d])],
-                              [helper.make_tensor("scale", TensorProto.FLOAT, [], [d ** -0.5])])
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        inputs,
+        [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1, q, d])],
+        [helper.make_tensor("scale", TensorProto.FLOAT, [], [d**-0.5])],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -39,10 +51,16 @@ def _mha(q: int, k: int, d: int):  # type: ignore[no-untyped-def]
     from onnx import TensorProto, helper
 
     node = helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["o"], domain="com.microsoft", num_heads=1)
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in
-              [("q", [1, q, d]), ("k", [1, k, d]), ("v", [1, k, d])]]
-    graph = helper.make_graph([node], "mha", inputs, [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1, q, d])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    inputs = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+        for n, s in [("q", [1, q, d]), ("k", [1, k, d]), ("v", [1, k, d])]
+    ]
+    graph = helper.make_graph(
+        [node], "mha", inputs, [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1, q, d])]
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
 
 
 def main() -> None:
@@ -55,16 +73,23 @@ def main() -> None:
     args = ap.parse_args()
     q, k, d = args.queries, args.keys, args.dim
     rng = np.random.default_rng(0)
-    feed = {"q": rng.standard_normal((1, q, d), np.float32), "k": rng.standard_normal((1, k, d), np.float32),
-            "v": rng.standard_normal((1, k, d), np.float32)}
-    variants = [("MatMul/Softmax chain", _chain(q, k, d, False), {}),
-                ("chain + additive key mask", _chain(q, k, d, True), {"m": np.zeros((1, 1, k), np.float32)}),
-                ("com.microsoft.MultiHeadAttention", _mha(q, k, d), {})]
+    feed = {
+        "q": rng.standard_normal((1, q, d), np.float32),
+        "k": rng.standard_normal((1, k, d), np.float32),
+        "v": rng.standard_normal((1, k, d), np.float32),
+    }
+    variants = [
+        ("MatMul/Softmax chain", _chain(q, k, d, False), {}),
+        ("chain + additive key mask", _chain(q, k, d, True), {"m": np.zeros((1, 1, k), np.float32)}),
+        ("com.microsoft.MultiHeadAttention", _mha(q, k, d), {}),
+    ]
     print(f"attention: {q} queries x {k} keys x {d} channels, one head")
     for threads in args.threads:
         outs, base = [], None
         for name, model, extra in variants:
-            ms, got = median_ms(cpu_session(model.SerializeToString(), threads), dict(feed, **extra), args.repeats)
+            ms, got = median_ms(
+                cpu_session(model.SerializeToString(), threads), dict(feed, **extra), args.repeats
+            )
             outs.append(got[0])
             base = base or ms
             print(f"threads={threads} {name}: {ms:.0f} ms ({ms / base:.2f} of the chain)", flush=True)

@@ -23,11 +23,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import av
-from vostream.stages.sources.decode import VideoFileSource
+
+from vostream.stages.sources import VideoFileSource
 
 logger = logging.getLogger("bench_decode")
 
@@ -36,9 +37,28 @@ def make_clip(path: Path, width: int, height: int, frames: int, fps: int = 30) -
     """An H.264 clip of ffmpeg's ``testsrc2`` pattern (moving, detailed: a realistic decode load)."""
     if path.exists():
         return path
-    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", f"testsrc2=size={width}x{height}:rate={fps}",
-                    "-frames:v", str(frames), "-c:v", "libx264", "-preset", "veryfast", "-pix_fmt", "yuv420p",
-                    str(path)], check=True)
+    subprocess.run(
+        [
+            "ffmpeg",
+            "-v",
+            "error",
+            "-y",
+            "-f",
+            "lavfi",
+            "-i",
+            f"testsrc2=size={width}x{height}:rate={fps}",
+            "-frames:v",
+            str(frames),
+            "-c:v",
+            "libx264",
+            "-preset",
+            "veryfast",
+            "-pix_fmt",
+            "yuv420p",
+            str(path),
+        ],
+        check=True,
+    )
     return path
 
 
@@ -85,7 +105,12 @@ def bench_file(path: Path, threads: int, repeat: int) -> dict[str, float | int |
     with av.open(str(path)) as c:
         s = c.streams.video[0]
         size = f"{s.width}x{s.height}"
-    row: dict[str, float | int | str] = {"file": path.name, "size": size, "frames": frames, "threads": threads}
+    row: dict[str, float | int | str] = {
+        "file": path.name,
+        "size": size,
+        "frames": frames,
+        "threads": threads,
+    }
     for name, ts in times.items():
         row[f"{name}_fps"] = round(frames / statistics.median(ts), 1)
     row["ratio_vs_ffmpeg"] = round(float(row["vostream_fps"]) / float(row["ffmpeg_fps"]), 3)
@@ -102,8 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="where to keep the generated clips")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    parser.add_argument("--opencv-threads", type=int, default=None,
-                        help="OpenCV threads (default: what `vostream track` uses on this machine)")
+    parser.add_argument(
+        "--opencv-threads",
+        type=int,
+        default=None,
+        help="OpenCV threads (default: what `vostream track` uses on this machine)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if shutil.which("ffmpeg") is None:
@@ -118,17 +147,30 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     clips = [make_clip(work / f"testsrc-854x480-{args.frames}.mp4", 854, 480, args.frames)]
     if args.frames_1080:
-        clips.append(make_clip(work / f"testsrc-1920x1080-{args.frames_1080}.mp4", 1920, 1080, args.frames_1080))
+        clips.append(
+            make_clip(work / f"testsrc-1920x1080-{args.frames_1080}.mp4", 1920, 1080, args.frames_1080)
+        )
     rows = [bench_file(p, args.threads, args.repeat) for p in clips]
-    cols = ["size", "frames", "threads", "ffmpeg_fps", "ffmpeg+rgb_fps", "pyav_fps", "vostream_fps",
-            "ratio_vs_ffmpeg", "ratio_vs_ffmpeg_rgb", "rgb_share"]
+    cols = [
+        "size",
+        "frames",
+        "threads",
+        "ffmpeg_fps",
+        "ffmpeg+rgb_fps",
+        "pyav_fps",
+        "vostream_fps",
+        "ratio_vs_ffmpeg",
+        "ratio_vs_ffmpeg_rgb",
+        "rgb_share",
+    ]
     widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
     lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
     lines += ["  ".join(str(r[c]).rjust(w) for c, w in zip(cols, widths)) for r in rows]
     sys.stdout.write("\n".join(lines) + "\n")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "cpu_count": os.cpu_count(), "pyav": av.__version__},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps({"rows": rows, "cpu_count": os.cpu_count(), "pyav": av.__version__}, indent=2)
+        )
     if args.dir is None:
         shutil.rmtree(work, ignore_errors=True)
     return 0

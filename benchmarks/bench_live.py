@@ -29,10 +29,11 @@ from test_live import FPS, scene, scene_clip  # noqa: E402
 from test_rtsp_out import Listener, free_port  # noqa: E402
 
 from vostream.pipeline import Pipeline  # noqa: E402
+from vostream.pipeline.reconnect import ReconnectPolicy  # noqa: E402
 from vostream.pipeline.testing import ListSinkSpec, SlowStage  # noqa: E402
 from vostream.pipeline.types import Frame, Prompt  # noqa: E402
 from vostream.sinks.rtsp import RtspSinkSpec  # noqa: E402
-from vostream.stages.sources.live import LiveSource, ReconnectPolicy  # noqa: E402
+from vostream.stages.sources.live import LiveSource  # noqa: E402
 
 logger = logging.getLogger("bench_live")
 
@@ -49,7 +50,10 @@ def frame_age(url: str, slow_ms: float, seconds: float) -> dict[str, Any]:
     sc = scene()
     tracker = load_tracker("classic")
     x, y = sc.click(1)
-    stages: list[Any] = [PreprocessStage(tracker.input_spec, ring=6), TrackStage(tracker, [Prompt(1, 0, [[x, y]], [1])])]
+    stages: list[Any] = [
+        PreprocessStage(tracker.input_spec, ring=6),
+        TrackStage(tracker, [Prompt(1, 0, [[x, y]], [1])]),
+    ]
     if slow_ms:
         stages.append(SlowStage(slow_ms / 1000, name="slowdown"))
     stages.append(PostprocessStage())
@@ -60,10 +64,17 @@ def frame_age(url: str, slow_ms: float, seconds: float) -> dict[str, Any]:
     m = pipe.wait(10).metrics
     last = m["postprocess"]
     track_ms = m["track"].latency_ms_p50 + (m["slowdown"].latency_ms_p50 if slow_ms else 0.0)
-    return {"tracker_ms_p50": round(track_ms, 1), "age_ms_p50": round(last.age_ms_p50, 1),
-            "age_ms_p95": round(last.age_ms_p95, 1), "bound_ms": round(track_ms + 2000 / FPS, 1),
-            "decoded": m["decode"].frames_out, "tracked": m["slowdown" if slow_ms else "track"].frames_out,
-            "dropped_before_tracker": sum(m[n].drops for n in ("preprocess", "track", "slowdown") if n in m.names())}
+    return {
+        "tracker_ms_p50": round(track_ms, 1),
+        "age_ms_p50": round(last.age_ms_p50, 1),
+        "age_ms_p95": round(last.age_ms_p95, 1),
+        "bound_ms": round(track_ms + 2000 / FPS, 1),
+        "decoded": m["decode"].frames_out,
+        "tracked": m["slowdown" if slow_ms else "track"].frames_out,
+        "dropped_before_tracker": sum(
+            m[n].drops for n in ("preprocess", "track", "slowdown") if n in m.names()
+        ),
+    }
 
 
 def reconnect_time(server: RtspServer, away: float) -> dict[str, Any]:
@@ -81,8 +92,11 @@ def reconnect_time(server: RtspServer, away: float) -> dict[str, Any]:
     running = [e.time for e in source.supervisor.events if e.state == "running"]
     pipe.stop()
     pipe.wait(10)
-    return {"away_s": away, "server_back_to_running_s": round(running[-1] - back, 3) if len(running) > 1 else None,
-            "loss_to_running_s": source.stats()["last_reconnect_s"]}
+    return {
+        "away_s": away,
+        "server_back_to_running_s": round(running[-1] - back, 3) if len(running) > 1 else None,
+        "loss_to_running_s": source.stats()["last_reconnect_s"],
+    }
 
 
 def rtsp_out_cost(width: int, height: int, frames: int, tmp: Path) -> dict[str, Any]:
@@ -100,8 +114,12 @@ def rtsp_out_cost(width: int, height: int, frames: int, tmp: Path) -> dict[str, 
         res = lis.result()
         lis.kill()
     s = sink.stats()
-    return {"size": f"{width}x{height}", "encode_cpu_ms_per_frame": s["encode_cpu_ms"], "sent": s["sent"],
-            "decoded_by_client": res["frames"]}
+    return {
+        "size": f"{width}x{height}",
+        "encode_cpu_ms_per_frame": s["encode_cpu_ms"],
+        "sent": s["sent"],
+        "decoded_by_client": res["frames"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,18 +144,27 @@ def main(argv: list[str] | None = None) -> int:
         results["age_slow"] = frame_age(server.url, args.slow_ms, args.seconds)
         server.start()
         results["reconnect"] = reconnect_time(server, args.away)
-        results["rtsp_out"] = [rtsp_out_cost(320, 240, 150, Path(tmp)), rtsp_out_cost(854, 480, 150, Path(tmp))]
+        results["rtsp_out"] = [
+            rtsp_out_cost(320, 240, 150, Path(tmp)),
+            rtsp_out_cost(854, 480, 150, Path(tmp)),
+        ]
     for key in ("age_fast", "age_slow"):
         r = results[key]
-        print(f"{key:9s} tracker {r['tracker_ms_p50']:6.1f} ms  age p50 {r['age_ms_p50']:6.1f} ms  "
-              f"p95 {r['age_ms_p95']:6.1f} ms (bound {r['bound_ms']:.1f})  decoded {r['decoded']}  "
-              f"tracked {r['tracked']}  dropped before tracker {r['dropped_before_tracker']}")
+        print(
+            f"{key:9s} tracker {r['tracker_ms_p50']:6.1f} ms  age p50 {r['age_ms_p50']:6.1f} ms  "
+            f"p95 {r['age_ms_p95']:6.1f} ms (bound {r['bound_ms']:.1f})  decoded {r['decoded']}  "
+            f"tracked {r['tracked']}  dropped before tracker {r['dropped_before_tracker']}"
+        )
     r = results["reconnect"]
-    print(f"reconnect: server away {r['away_s']} s; back -> running {r['server_back_to_running_s']} s; "
-          f"loss -> running {r['loss_to_running_s']} s")
+    print(
+        f"reconnect: server away {r['away_s']} s; back -> running {r['server_back_to_running_s']} s; "
+        f"loss -> running {r['loss_to_running_s']} s"
+    )
     for r in results["rtsp_out"]:
-        print(f"rtsp out {r['size']}: {r['encode_cpu_ms_per_frame']} ms CPU/frame, sent {r['sent']}, "
-              f"client decoded {r['decoded_by_client']}")
+        print(
+            f"rtsp out {r['size']}: {r['encode_cpu_ms_per_frame']} ms CPU/frame, sent {r['sent']}, "
+            f"client decoded {r['decoded_by_client']}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

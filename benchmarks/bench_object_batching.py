@@ -40,10 +40,16 @@ def main() -> None:
             super().__init__()
             self.m = model.memory_attention
 
-        def forward(self, feat: torch.Tensor, mem: torch.Tensor, fpos: torch.Tensor, mpos: torch.Tensor
-                    ) -> torch.Tensor:
-            return self.m(current_vision_features=feat, memory=mem, current_vision_position_embeddings=fpos,
-                          memory_posision_embeddings=mpos, num_object_pointer_tokens=64)
+        def forward(
+            self, feat: torch.Tensor, mem: torch.Tensor, fpos: torch.Tensor, mpos: torch.Tensor
+        ) -> torch.Tensor:
+            return self.m(
+                current_vision_features=feat,
+                memory=mem,
+                current_vision_position_embeddings=fpos,
+                memory_posision_embeddings=mpos,
+                num_object_pointer_tokens=64,
+            )
 
     tokens, keys = g * g, 8 * g * g + 64
     names = ["feat", "memory", "feat_pos", "memory_pos"]
@@ -55,8 +61,15 @@ def main() -> None:
             feeds = [torch.randn(*sh) for sh in shapes]
             paths[b] = (Path(tmp) / f"ma_b{b}.onnx", {n: t.numpy() for n, t in zip(names, feeds)})
             with torch.no_grad():
-                torch.onnx.export(MemoryAttention(), tuple(feeds), str(paths[b][0]), input_names=names,
-                                  output_names=["out"], opset_version=17, dynamo=False)
+                torch.onnx.export(
+                    MemoryAttention(),
+                    tuple(feeds),
+                    str(paths[b][0]),
+                    input_names=names,
+                    output_names=["out"],
+                    opset_version=17,
+                    dynamo=False,
+                )
         print(f"memory attention, SAM 2.1 hiera-tiny architecture at {s} px: {tokens} queries x {keys} keys")
         for threads in (1, 2):
             for b in (1, 2, 4):
@@ -64,8 +77,11 @@ def main() -> None:
                 if b == 1:
                     single[threads] = ms
                 ratio = ms / (b * single[threads])
-                print(f"threads={threads} objects={b}: {ms:.0f} ms ({ms / b:.0f} ms per object); "
-                      f"batched / one at a time = {ratio:.2f}", flush=True)
+                print(
+                    f"threads={threads} objects={b}: {ms:.0f} ms ({ms / b:.0f} ms per object); "
+                    f"batched / one at a time = {ratio:.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

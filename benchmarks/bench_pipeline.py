@@ -33,6 +33,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+
 from vostream.pipeline import Pipeline, Sink, SinkSpec, Source, Stage
 
 logger = logging.getLogger("bench_pipeline")
@@ -86,7 +87,9 @@ class ResizeStage(Stage[BenchItem, BenchItem]):
 
     def process(self, item: BenchItem) -> BenchItem:
         h, w = item.image.shape[:2]
-        big = cv2.resize(item.image, (int(w * self.scale), int(h * self.scale)), interpolation=cv2.INTER_CUBIC)
+        big = cv2.resize(
+            item.image, (int(w * self.scale), int(h * self.scale)), interpolation=cv2.INTER_CUBIC
+        )
         item.image = cv2.resize(big, (w, h), interpolation=cv2.INTER_AREA)
         return item
 
@@ -131,13 +134,14 @@ def _scene_video(args: argparse.Namespace) -> str:
 
     path = Path(args.media_dir) / f"{args.scene}-{args.frames}.mp4"
     if not path.exists():
-        write_scene(render_scene(args.scene, 854, 480, frames=max(args.frames, args.warmup, args.alone_frames)),
-                    path)
+        write_scene(
+            render_scene(args.scene, 854, 480, frames=max(args.frames, args.warmup, args.alone_frames)), path
+        )
     return str(path)
 
 
 def track_source(args: argparse.Namespace, n: int) -> Source[Any]:
-    from vostream.stages.sources.decode import VideoFileSource
+    from vostream.stages.sources import VideoFileSource
 
     return VideoFileSource(_scene_video(args), max_frames=n)
 
@@ -187,8 +191,9 @@ class CountSinkSpec(SinkSpec[Any]):
         return self.built[-1]
 
 
-def run_sequential(make_source: SourceFactory, make_stages: StagesFactory, args: argparse.Namespace,
-                   n: int) -> tuple[float, dict[str, float]]:
+def run_sequential(
+    make_source: SourceFactory, make_stages: StagesFactory, args: argparse.Namespace, n: int
+) -> tuple[float, dict[str, float]]:
     """(frames per second, {stage: seconds per item}) of a plain single-thread loop."""
     source, stages = make_source(args, n), make_stages(args)
     for obj in (source, *stages):
@@ -212,8 +217,9 @@ def run_sequential(make_source: SourceFactory, make_stages: StagesFactory, args:
     return count / wall, {k: v / max(count, 1) for k, v in spent.items()}
 
 
-def measure_alone(make_source: SourceFactory, make_stages: StagesFactory, args: argparse.Namespace,
-                  n: int) -> dict[str, float]:
+def measure_alone(
+    make_source: SourceFactory, make_stages: StagesFactory, args: argparse.Namespace, n: int
+) -> dict[str, float]:
     """{stage: median seconds per item} with each stage run alone on inputs prepared by the stages before it.
 
     Inputs are prepared untimed; each timed call gets a shallow copy, so a stage that replaces attributes of its
@@ -249,12 +255,19 @@ def measure_alone(make_source: SourceFactory, make_stages: StagesFactory, args: 
     return costs
 
 
-def run_pipeline(make_source: SourceFactory, make_stages: StagesFactory, args: argparse.Namespace,
-                 n: int) -> tuple[float, dict[str, Any]]:
+def run_pipeline(
+    make_source: SourceFactory, make_stages: StagesFactory, args: argparse.Namespace, n: int
+) -> tuple[float, dict[str, Any]]:
     """(frames per second, final metrics as a dict) of the threaded pipeline (``block`` edges)."""
     sink = CountSinkSpec()
-    pipe = Pipeline(make_source(args, n), make_stages(args), [sink], policy="block", queue_size=args.queue_size,
-                    name="bench")
+    pipe = Pipeline(
+        make_source(args, n),
+        make_stages(args),
+        [sink],
+        policy="block",
+        queue_size=args.queue_size,
+        name="bench",
+    )
     t0 = time.perf_counter()
     report = pipe.run()
     wall = time.perf_counter() - t0
@@ -268,14 +281,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", default="synthetic", choices=sorted(WORKLOADS))
     ap.add_argument("--frames", type=int, default=300, help="items per run (default 300)")
     ap.add_argument("--warmup", type=int, default=20, help="items run once before measuring (default 20)")
-    ap.add_argument("--alone-frames", type=int, default=60, help="items to time each stage alone on (default 60)")
+    ap.add_argument(
+        "--alone-frames", type=int, default=60, help="items to time each stage alone on (default 60)"
+    )
     ap.add_argument("--repeats", type=int, default=3, help="runs per mode; the best is kept (default 3)")
     ap.add_argument("--queue-size", type=int, default=8)
     ap.add_argument("--blur-ksize", type=int, default=15)
     ap.add_argument("--resize-scale", type=float, default=1.25)
     ap.add_argument("--sleep-ms", type=float, default=10.0)
-    ap.add_argument("--cv-threads", type=int, default=1,
-                    help="cv2.setNumThreads (default 1: each stage uses one core, overlap comes from the pipeline)")
+    ap.add_argument(
+        "--cv-threads",
+        type=int,
+        default=1,
+        help="cv2.setNumThreads (default 1: each stage uses one core, overlap comes from the pipeline)",
+    )
     ap.add_argument("--scene", default="translate", help="track workload: which synthetic scene")
     ap.add_argument("--media-dir", default="/tmp", help="track workload: where the scene video is kept")
     ap.add_argument("--json", help="write the results as JSON to this path")
@@ -304,21 +323,36 @@ def main(argv: list[str] | None = None) -> int:
     pipe_fps, metrics = max(pipe, key=lambda r: r[0])
 
     result = {
-        "workload": args.workload, "frames": args.frames, "repeats": args.repeats, "queue_size": args.queue_size,
-        "cv_threads": args.cv_threads, "cpus": _cpus(), "loadavg_1m_before": load_before, "python": platform.python_version(),
+        "workload": args.workload,
+        "frames": args.frames,
+        "repeats": args.repeats,
+        "queue_size": args.queue_size,
+        "cv_threads": args.cv_threads,
+        "cpus": _cpus(),
+        "loadavg_1m_before": load_before,
+        "python": platform.python_version(),
         "stage_ms_alone": {k: v * 1e3 for k, v in per_stage.items()},
-        "stage_ms_in_sequential_loop": {k: v * 1e3 for k, v in in_loop.items()}, "slowest_stage": slowest,
-        "sequential_fps": seq_fps, "pipeline_fps": pipe_fps, "bound_fps": bound_fps,
-        "pipeline_over_sequential": pipe_fps / seq_fps, "pipeline_over_bound": pipe_fps / bound_fps,
+        "stage_ms_in_sequential_loop": {k: v * 1e3 for k, v in in_loop.items()},
+        "slowest_stage": slowest,
+        "sequential_fps": seq_fps,
+        "pipeline_fps": pipe_fps,
+        "bound_fps": bound_fps,
+        "pipeline_over_sequential": pipe_fps / seq_fps,
+        "pipeline_over_bound": pipe_fps / bound_fps,
         "cores_over_sum_fps": cpu_bound_fps,
         "pipeline_metrics": metrics,
     }
-    rows = [(f"stage {k} alone (median)", f"{v * 1e3:8.2f} ms", f"{1 / v:8.1f} fps") for k, v in per_stage.items()]
-    rows += [("sequential loop", "", f"{seq_fps:8.1f} fps"), ("pipeline", "", f"{pipe_fps:8.1f} fps"),
-             (f"bound (1/{slowest})", "", f"{bound_fps:8.1f} fps"),
-             ("cores / sum of stages (if all CPU)", "", f"{cpu_bound_fps:8.1f} fps"),
-             ("pipeline / sequential", "", f"{result['pipeline_over_sequential']:8.2f} x"),
-             ("pipeline / bound", "", f"{result['pipeline_over_bound']:8.2f}   (target >= 0.90)")]
+    rows = [
+        (f"stage {k} alone (median)", f"{v * 1e3:8.2f} ms", f"{1 / v:8.1f} fps") for k, v in per_stage.items()
+    ]
+    rows += [
+        ("sequential loop", "", f"{seq_fps:8.1f} fps"),
+        ("pipeline", "", f"{pipe_fps:8.1f} fps"),
+        (f"bound (1/{slowest})", "", f"{bound_fps:8.1f} fps"),
+        ("cores / sum of stages (if all CPU)", "", f"{cpu_bound_fps:8.1f} fps"),
+        ("pipeline / sequential", "", f"{result['pipeline_over_sequential']:8.2f} x"),
+        ("pipeline / bound", "", f"{result['pipeline_over_bound']:8.2f}   (target >= 0.90)"),
+    ]
     width = max(len(r[0]) for r in rows)
     sys.stdout.write("\n".join(f"{a:<{width}}  {b:>11}  {c}" for a, b, c in rows) + "\n")
     if args.json:

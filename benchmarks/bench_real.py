@@ -46,7 +46,9 @@ def fetch(cache: Path) -> dict[str, Path]:
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(["apt-get", "download", "opencv-doc"], cwd=tmp, check=True, capture_output=True)
         deb = next(Path(tmp).glob("opencv-doc_*.deb"))
-        data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], check=True, capture_output=True).stdout
+        data = subprocess.run(
+            ["dpkg-deb", "--fsys-tarfile", str(deb)], check=True, capture_output=True
+        ).stdout
         tar_path = Path(tmp) / "data.tar"
         tar_path.write_bytes(data)
         with tarfile.open(tar_path) as tar:
@@ -86,7 +88,7 @@ def inner_point(mask: np.ndarray) -> tuple[int, int]:
 
 
 def read_frames(path: Path) -> list[np.ndarray]:
-    from vostream.stages.sources.decode import VideoFileSource
+    from vostream.stages.sources import VideoFileSource
 
     with VideoFileSource(path) as src:
         return [f.image for f in src]
@@ -101,7 +103,7 @@ def contact_sheet(frames: list[np.ndarray], masks: list[np.ndarray], path: Path,
         im[m] = (im[m] * 0.45 + np.array([255, 40, 200]) * 0.55).astype(np.uint8)
         cv2.putText(im, f"#{i}", (8, 28), cv2.FONT_HERSHEY_SIMPLEX, 0.9, (255, 255, 255), 2)
         tiles.append(cv2.resize(im, (320, 240), interpolation=cv2.INTER_AREA))
-    rows = [np.concatenate(tiles[k:k + 3], 1) for k in range(0, len(tiles), 3)]
+    rows = [np.concatenate(tiles[k : k + 3], 1) for k in range(0, len(tiles), 3)]
     Image.fromarray(np.concatenate(rows, 0)).save(path)
 
 
@@ -130,13 +132,27 @@ def main(argv: list[str] | None = None) -> int:
             x, y = inner_point(_largest((hsv[..., 2] < 90) & (hsv[..., 1] < 90)))
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            report = run_track(TrackSettings(source=str(path), out=tmp, save=("png",), quiet=True,
-                                             prompts=[Prompt(1, 0, [[x, y]], [1])]))
+            report = run_track(
+                TrackSettings(
+                    source=str(path),
+                    out=tmp,
+                    save=("png",),
+                    quiet=True,
+                    prompts=[Prompt(1, 0, [[x, y]], [1])],
+                )
+            )
             wall = time.perf_counter() - t0
-            masks = [np.asarray(Image.open(Path(tmp) / "masks" / f"{i:05d}.png")) == 1 for i in range(report.frames)]
-        row = {"frames": report.frames, "size": f"{frames[0].shape[1]}x{frames[0].shape[0]}", "click": [x, y],
-               "pipeline_fps": round(report.frames / wall, 1),
-               "present_rate": round(float(np.mean([m.any() for m in masks])), 3)}
+            masks = [
+                np.asarray(Image.open(Path(tmp) / "masks" / f"{i:05d}.png")) == 1
+                for i in range(report.frames)
+            ]
+        row = {
+            "frames": report.frames,
+            "size": f"{frames[0].shape[1]}x{frames[0].shape[0]}",
+            "click": [x, y],
+            "pipeline_fps": round(report.frames / wall, 1),
+            "present_rate": round(float(np.mean([m.any() for m in masks])), 3),
+        }
         if truth is not None:
             ious = []
             for m, g in zip(masks[1:], truth[1:]):

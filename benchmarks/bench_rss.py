@@ -50,14 +50,15 @@ class EndlessScene(Source[Frame]):
         rng = np.random.default_rng(seed)
         self.n, self.w, self.h = n, width, height
         big = rng.integers(0, 255, (height // 8 + 8, width // 8 + 40, 3), np.uint8)
-        self.bg = cv2.GaussianBlur(cv2.resize(big, (width + 320, height + 64), interpolation=cv2.INTER_CUBIC),
-                                   (0, 0), 2)
+        self.bg = cv2.GaussianBlur(
+            cv2.resize(big, (width + 320, height + 64), interpolation=cv2.INTER_CUBIC), (0, 0), 2
+        )
         self.r = min(width, height) // 8
         tex = rng.integers(0, 255, (8, 8, 3), np.uint8)
         tex = cv2.resize(tex, (2 * self.r, 2 * self.r), interpolation=cv2.INTER_CUBIC)
         self.obj = (tex // 3 + np.array([160, 40, 40], np.uint8)).astype(np.uint8)
-        yy, xx = np.mgrid[-self.r:self.r, -self.r:self.r]
-        self.disc = (xx ** 2 + yy ** 2) < self.r ** 2
+        yy, xx = np.mgrid[-self.r : self.r, -self.r : self.r]
+        self.disc = (xx**2 + yy**2) < self.r**2
         self.i = 0
         self.length = n
 
@@ -72,9 +73,9 @@ class EndlessScene(Source[Frame]):
         i = self.i
         self.i += 1
         off = int(160 + 150 * np.sin(i / 211.0))
-        img = np.ascontiguousarray(self.bg[32:32 + self.h, off:off + self.w])
+        img = np.ascontiguousarray(self.bg[32 : 32 + self.h, off : off + self.w])
         cx, cy = self.centre(i)
-        region = img[cy - self.r:cy + self.r, cx - self.r:cx + self.r]
+        region = img[cy - self.r : cy + self.r, cx - self.r : cx + self.r]
         region[self.disc] = self.obj[self.disc]
         return Frame(i, img, capture_time=time.time())
 
@@ -119,12 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     cx, cy = source.centre(0)
     probe = RssProbeSpec(args.every)
     with tempfile.TemporaryDirectory() as tmp:
-        sinks: list[SinkSpec[Any]] = [probe, MotSinkSpec(Path(tmp) / "mot.txt"),
-                                      VideoSinkSpec(Path(tmp) / "overlay.mp4", fps=30)]
+        sinks: list[SinkSpec[Any]] = [
+            probe,
+            MotSinkSpec(Path(tmp) / "mot.txt"),
+            VideoSinkSpec(Path(tmp) / "overlay.mp4", fps=30),
+        ]
         if args.with_json:
             sinks.append(VisJsonSinkSpec(Path(tmp) / "annotations.json"))
-        stages = [PreprocessStage(tracker.input_spec), TrackStage(tracker, [Prompt(1, 0, [[cx, cy]], [1])]),
-                  PostprocessStage()]
+        stages = [
+            PreprocessStage(tracker.input_spec),
+            TrackStage(tracker, [Prompt(1, 0, [[cx, cy]], [1])]),
+            PostprocessStage(),
+        ]
         t0 = time.perf_counter()
         report = Pipeline(source, stages, sinks, name="rss").run()
         wall = time.perf_counter() - t0
@@ -134,16 +141,22 @@ def main(argv: list[str] | None = None) -> int:
     ys = np.array([r for _, r in after], np.float64)
     slope = float(np.polyfit(xs, ys, 1)[0] * 1000) if len(after) >= 2 else float("nan")
     result = {
-        "frames": report.frames, "size": args.size, "wall_s": round(wall, 1), "fps": round(report.frames / wall, 1),
+        "frames": report.frames,
+        "size": args.size,
+        "wall_s": round(wall, 1),
+        "fps": round(report.frames / wall, 1),
         "rss_after_warmup_mib": round(float(ys[0]), 1) if len(ys) else None,
         "rss_max_mib": round(float(ys.max()), 1) if len(ys) else None,
         "rss_final_mib": round(float(ys[-1]), 1) if len(ys) else None,
-        "slope_mib_per_1000_frames": round(slope, 3), "with_json": args.with_json,
+        "slope_mib_per_1000_frames": round(slope, 3),
+        "with_json": args.with_json,
         "samples": samples,
     }
     print(f"{report.frames} frames at {args.size} in {wall:.0f} s ({result['fps']} fps)")
-    print(f"RSS after {args.warmup} frames {result['rss_after_warmup_mib']} MiB, max {result['rss_max_mib']} MiB, "
-          f"final {result['rss_final_mib']} MiB, slope {result['slope_mib_per_1000_frames']} MiB / 1000 frames")
+    print(
+        f"RSS after {args.warmup} frames {result['rss_after_warmup_mib']} MiB, max {result['rss_max_mib']} MiB, "
+        f"final {result['rss_final_mib']} MiB, slope {result['slope_mib_per_1000_frames']} MiB / 1000 frames"
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -39,11 +39,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import sam2_reference as ref  # noqa: E402
 
-from vostream.pipeline.types import Frame, Prompt  # noqa: E402
-from vostream.stages.trackers.sam2 import OnnxTracker  # noqa: E402
 from vostream.pipeline.apps.export import export_model  # noqa: E402
 from vostream.pipeline.apps.export.families import FAMILIES, resize_config  # noqa: E402
-
+from vostream.pipeline.types import Frame, Prompt  # noqa: E402
+from vostream.stages.trackers.sam2 import OnnxTracker  # noqa: E402
 
 #: frames before timing starts: the prompted frame, then 7 tracking frames, after which all 6 recent memory slots
 #: hold memories (steady state: memory attention binds only the slots holding memories, so it is cheaper before)
@@ -64,8 +63,13 @@ def large_model() -> Any:
     return model
 
 
-def run_ours(tracker: OnnxTracker, frames: list[np.ndarray], tensors: list[np.ndarray], click: tuple[float, float],
-             warm: int) -> tuple[list[float], Any]:
+def run_ours(
+    tracker: OnnxTracker,
+    frames: list[np.ndarray],
+    tensors: list[np.ndarray],
+    click: tuple[float, float],
+    warm: int,
+) -> tuple[list[float], Any]:
     s = tracker.new_session()
     s.add_prompt(Prompt(1, 0, [click], [1]))
     times = []
@@ -103,13 +107,22 @@ def load_time(export: Path, size: int) -> float:
         f"f = Frame(0, np.zeros(({size}, {size}, 3), np.uint8)); f.tensor = np.zeros((1, 3, {size}, {size}), "
         "np.float32)\n"
         "r = s.step(f)\n"
-        "print(time.time() - psutil.Process().create_time())\n")
+        "print(time.time() - psutil.Process().create_time())\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def bench(name: str, model: Any, family: str, ckpt_or_none: Path | None, work: Path, n: int, threads: list[int],
-          rounds: int) -> dict[str, Any]:
+def bench(
+    name: str,
+    model: Any,
+    family: str,
+    ckpt_or_none: Path | None,
+    work: Path,
+    n: int,
+    threads: list[int],
+    rounds: int,
+) -> dict[str, Any]:
     import torch
 
     export = work / f"export_{name}"
@@ -124,8 +137,13 @@ def bench(name: str, model: Any, family: str, ckpt_or_none: Path | None, work: P
     frames = ref.make_frames(n, size, occluded=())
     tensors = [ref.to_tensor(f, mean, std) for f in frames]
     click = ref.shape_center(0, size, "disk")
-    res: dict[str, Any] = {"family": family, "image_size": size, "params": manifest.source.get("parameters"),
-                           "export_s": round(export_s, 1), "threads": {}}
+    res: dict[str, Any] = {
+        "family": family,
+        "image_size": size,
+        "params": manifest.source.get("parameters"),
+        "export_s": round(export_s, 1),
+        "threads": {},
+    }
     for th in threads:
         torch.set_num_threads(th)
         tracker = OnnxTracker(export, threads=th)
@@ -134,13 +152,13 @@ def bench(name: str, model: Any, family: str, ckpt_or_none: Path | None, work: P
         whole_all: list[float] = []
         delta = whole = None
         for _ in range(rounds):  # alternate so drifts in machine load hit both sides
-            hf_all += run_hf(model, tensors, click)[WARM - 1:]
+            hf_all += run_hf(model, tensors, click)[WARM - 1 :]
             times, delta = run_ours(tracker, frames, tensors, click, warm=WARM)
-            ours_all += times[WARM - 1:]
+            ours_all += times[WARM - 1 :]
             # the same, binding the whole bank with its empty slots masked (what a static-shape runtime does)
             tracker.runtime.dynamic_shapes = False
             times, whole = run_ours(tracker, frames, tensors, click, warm=WARM)
-            whole_all += times[WARM - 1:]
+            whole_all += times[WARM - 1 :]
             tracker.runtime.dynamic_shapes = True
         assert delta is not None and whole is not None
         frames_counted = n - WARM
@@ -152,30 +170,40 @@ def bench(name: str, model: Any, family: str, ckpt_or_none: Path | None, work: P
                 model.get_image_features(torch.from_numpy(x))
                 enc.append((time.perf_counter() - t0) * 1e3)
         res["threads"][th] = {
-            "hf_ms": round(hf_ms, 2), "onnx_ms": round(ours_ms, 2), "ratio": round(ours_ms / hf_ms, 3),
+            "hf_ms": round(hf_ms, 2),
+            "onnx_ms": round(ours_ms, 2),
+            "ratio": round(ours_ms / hf_ms, 3),
             "graph_ms": {k: round(v * 1e3 / frames_counted, 2) for k, v in delta.run_s.items()},
             "h2d_bytes_per_frame": delta.h2d_bytes / frames_counted,
             "d2h_bytes_per_frame": delta.d2h_bytes / frames_counted,
             "d2d_bytes_per_frame": delta.d2d_bytes / frames_counted,
             "hf_image_encoder_ms": round(statistics.median(enc), 2),
             "onnx_whole_bank_ms": round(statistics.median(whole_all), 2),
-            "memory_attention_whole_bank_ms": round(whole.run_s["memory_attention"] * 1e3 / frames_counted, 2),
+            "memory_attention_whole_bank_ms": round(
+                whole.run_s["memory_attention"] * 1e3 / frames_counted, 2
+            ),
         }
         tracker.close()
-        print(f"{name} threads={th}: HF {hf_ms:.1f} ms/frame, onnx {ours_ms:.1f} ms/frame, ratio "
-              f"{ours_ms / hf_ms:.2f}; per graph {res['threads'][th]['graph_ms']} (HF image encoder alone "
-              f"{statistics.median(enc):.1f} ms); binding the whole bank instead: "
-              f"{res['threads'][th]['onnx_whole_bank_ms']:.1f} ms/frame, memory attention "
-              f"{res['threads'][th]['memory_attention_whole_bank_ms']:.1f} ms", flush=True)
+        print(
+            f"{name} threads={th}: HF {hf_ms:.1f} ms/frame, onnx {ours_ms:.1f} ms/frame, ratio "
+            f"{ours_ms / hf_ms:.2f}; per graph {res['threads'][th]['graph_ms']} (HF image encoder alone "
+            f"{statistics.median(enc):.1f} ms); binding the whole bank instead: "
+            f"{res['threads'][th]['onnx_whole_bank_ms']:.1f} ms/frame, memory attention "
+            f"{res['threads'][th]['memory_attention_whole_bank_ms']:.1f} ms",
+            flush=True,
+        )
     m = manifest
     res["bank_bytes_per_object"] = (m.cond_slots + m.recent_slots) * m.tokens_per_slot * m.mem_dim * 4
     res["pointer_bytes_per_object"] = m.pointer_slots * m.hidden_dim * 4
     res["load_to_first_mask_s"] = round(load_time(export, size), 2)
-    print(f"{name}: bank {res['bank_bytes_per_object'] / 1024:.0f} KiB + pointers "
-          f"{res['pointer_bytes_per_object'] / 1024:.1f} KiB per object stay on the device; H2D "
-          f"{res['threads'][threads[0]]['h2d_bytes_per_frame'] / 1024:.1f} KiB/frame, D2H "
-          f"{res['threads'][threads[0]]['d2h_bytes_per_frame'] / 1024:.1f} KiB/frame; load to first mask "
-          f"{res['load_to_first_mask_s']} s", flush=True)
+    print(
+        f"{name}: bank {res['bank_bytes_per_object'] / 1024:.0f} KiB + pointers "
+        f"{res['pointer_bytes_per_object'] / 1024:.1f} KiB per object stay on the device; H2D "
+        f"{res['threads'][threads[0]]['h2d_bytes_per_frame'] / 1024:.1f} KiB/frame, D2H "
+        f"{res['threads'][threads[0]]['d2h_bytes_per_frame'] / 1024:.1f} KiB/frame; load to first mask "
+        f"{res['load_to_first_mask_s']} s",
+        flush=True,
+    )
     return res
 
 
@@ -207,18 +235,25 @@ def bench_image_sizes(work: Path, sizes: list[int], n: int, threads: list[int]) 
             tracker = OnnxTracker(exports[size], threads=th)
             times, delta = run_ours(tracker, frames, tensors, ref.shape_center(0, size, "disk"), warm=WARM)
             tracker.close()
-            ms = statistics.median(times[WARM - 1:])
+            ms = statistics.median(times[WARM - 1 :])
             res[str(size)]["threads"][th] = {
                 "onnx_ms": round(ms, 1),
-                "graph_ms": {k: round(v * 1e3 / (n - WARM), 1) for k, v in delta.run_s.items()}}
-            print(f"sizes: {size} px threads={th}: {ms:.0f} ms/frame; per graph "
-                  f"{res[str(size)]['threads'][th]['graph_ms']}", flush=True)
+                "graph_ms": {k: round(v * 1e3 / (n - WARM), 1) for k, v in delta.run_s.items()},
+            }
+            print(
+                f"sizes: {size} px threads={th}: {ms:.0f} ms/frame; per graph "
+                f"{res[str(size)]['threads'][th]['graph_ms']}",
+                flush=True,
+            )
         top = str(max(sizes))
         for size in sizes:
             r = res[str(size)]["threads"][th]["onnx_ms"] / res[top]["threads"][th]["onnx_ms"]
             res[str(size)]["threads"][th]["vs_largest"] = round(r, 3)
-        print(f"sizes: threads={th}: time vs {top} px: " + ", ".join(
-            f"{s} px {res[str(s)]['threads'][th]['vs_largest']:.2f}" for s in sizes), flush=True)
+        print(
+            f"sizes: threads={th}: time vs {top} px: "
+            + ", ".join(f"{s} px {res[str(s)]['threads'][th]['vs_largest']:.2f}" for s in sizes),
+            flush=True,
+        )
     return res
 
 
@@ -227,10 +262,17 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--families", nargs="*", default=list(ref.FAMILIES), help="tiny families (none: skip them)")
+    ap.add_argument(
+        "--families", nargs="*", default=list(ref.FAMILIES), help="tiny families (none: skip them)"
+    )
     ap.add_argument("--large", action="store_true", help="also the hiera-tiny architecture at 512 px")
-    ap.add_argument("--image-sizes", type=int, nargs="+", metavar="PX",
-                    help="also the hiera-tiny architecture exported at each of these sizes (export --image-size)")
+    ap.add_argument(
+        "--image-sizes",
+        type=int,
+        nargs="+",
+        metavar="PX",
+        help="also the hiera-tiny architecture exported at each of these sizes (export --image-size)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
@@ -240,11 +282,13 @@ def main() -> None:
         for fam in args.families:
             ckpt = ref.save_tiny(fam, work / f"ckpt_{fam}", obj_score="present")
             model = ref.load_tiny(fam, ckpt)
-            results[f"tiny_{fam}"] = bench(f"tiny_{fam}", model, fam, ckpt, work, args.frames, args.threads,
-                                           args.rounds)
+            results[f"tiny_{fam}"] = bench(
+                f"tiny_{fam}", model, fam, ckpt, work, args.frames, args.threads, args.rounds
+            )
         if args.large:
-            results["sam2.1_tiny_arch_512"] = bench("sam2.1_tiny_arch_512", large_model(), "sam2", None, work,
-                                                    WARM + 6, args.threads, 1)
+            results["sam2.1_tiny_arch_512"] = bench(
+                "sam2.1_tiny_arch_512", large_model(), "sam2", None, work, WARM + 6, args.threads, 1
+            )
         if args.image_sizes:
             results["image_sizes"] = bench_image_sizes(work, sorted(args.image_sizes), WARM + 4, args.threads)
     if args.json:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+
 from vostream.pipeline.types import Frame, Prompt
 from vostream.samples.scenes import SCENES, encoded_frames, render_scene, score_sequence
 from vostream.stages.preprocess import Preprocessor
@@ -32,8 +33,12 @@ from vostream.stages.trackers.classic import ClassicTracker
 logger = logging.getLogger("bench_tracker")
 
 
-def track_scene(tracker: ClassicTracker, frames: np.ndarray, clicks: dict[int, tuple[float, float]],
-                keep_masks: bool = True) -> tuple[list[np.ndarray], list[float], list[float]]:
+def track_scene(
+    tracker: ClassicTracker,
+    frames: np.ndarray,
+    clicks: dict[int, tuple[float, float]],
+    keep_masks: bool = True,
+) -> tuple[list[np.ndarray], list[float], list[float]]:
     """Track ``frames`` from first-frame clicks; (per-frame (N, H, W) masks, step times, upsample times)."""
     h, w = frames.shape[1:3]
     pre = Preprocessor(tracker.input_spec(w, h))
@@ -80,11 +85,17 @@ def main(argv: list[str] | None = None) -> int:
             masks, ts, tu = track_scene(tracker, frames, clicks)
             sc = score_sequence(masks, scene)
             ms = 1000 * statistics.median(ts[1:])
-            out["scenes"][name] = {"iou": sc.mean, "per_object": sc.per_object, "step_ms_median": ms,
-                                   "upsample_ms_median": 1000 * statistics.median(tu[1:]),
-                                   "min_frame_iou": float(sc.per_frame.min())}
+            out["scenes"][name] = {
+                "iou": sc.mean,
+                "per_object": sc.per_object,
+                "step_ms_median": ms,
+                "upsample_ms_median": 1000 * statistics.median(tu[1:]),
+                "min_frame_iou": float(sc.per_frame.min()),
+            }
             ious.append(sc.mean)
-            logger.info("%-18s IoU %.3f  (min frame %.2f)  step %.1f ms", name, sc.mean, sc.per_frame.min(), ms)
+            logger.info(
+                "%-18s IoU %.3f  (min frame %.2f)  step %.1f ms", name, sc.mean, sc.per_frame.min(), ms
+            )
         out["mean_iou"] = float(np.mean(ious))
         if not args.no_speed:
             scene = render_scene(args.speed_scene, w, h)
@@ -96,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
                 _, ts, tu = track_scene(tracker, frames, {k + 1: pts[k] for k in range(n)}, keep_masks=False)
                 step = statistics.median(ts[1:])
                 full = statistics.median([a + b for a, b in zip(ts[1:], tu[1:])])
-                out["speed"][str(n)] = {"fps_step": 1 / step, "fps_with_upsample": 1 / full,
-                                        "step_ms": 1000 * step, "p95_ms": 1000 * float(np.percentile(ts[1:], 95))}
+                out["speed"][str(n)] = {
+                    "fps_step": 1 / step,
+                    "fps_with_upsample": 1 / full,
+                    "step_ms": 1000 * step,
+                    "p95_ms": 1000 * float(np.percentile(ts[1:], 95)),
+                }
     print(f"\n{'scene':<20}{'IoU':>8}{'step ms':>10}")
     for name, r in out["scenes"].items():
         print(f"{name:<20}{r['iou']:>8.3f}{r['step_ms_median']:>10.1f}")

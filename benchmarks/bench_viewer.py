@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -36,13 +35,26 @@ def main() -> int:
     scene = render_scene("translate", width=854, height=480, frames=args.frames)
     write_scene(scene, root / "scene.mp4")
     cpu0 = time.process_time()
-    with ServerThread(ServerConfig(port=0, media_root=str(root), default_source="scene.mp4")) as server, \
-            sync_playwright() as p:
+    with (
+        ServerThread(ServerConfig(port=0, media_root=str(root), default_source="scene.mp4")) as server,
+        sync_playwright() as p,
+    ):
         profile = tempfile.mkdtemp()
         ctx = p.chromium.launch_persistent_context(
-            profile, executable_path="/usr/bin/chromium", headless=True, bypass_csp=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run"], viewport={"width": 1100, "height": 560})
+            profile,
+            executable_path="/usr/bin/chromium",
+            headless=True,
+            bypass_csp=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+            viewport={"width": 1100, "height": 560},
+        )
         page = ctx.new_page()
         page.goto(server.url)
         page.wait_for_function("window.__vostream && window.__vostream.frames >= 1", timeout=30000)
@@ -65,11 +77,20 @@ def main() -> int:
         ctx.close()
         shutil.rmtree(profile, ignore_errors=True)
     lat = np.asarray(st["lat"])
-    out = {"frames": args.frames, "size": "854x480", "fps_source": 30, "drawn": st["frames"],
-           "client_drops": st["clientDrops"], "server_drops": st["serverDrops"],
-           "glass_to_glass_ms_p50": float(np.percentile(lat, 50)), "glass_to_glass_ms_p95": float(np.percentile(lat, 95)),
-           "viewer_sink_ms_p50": viewer.latency_ms_p50, "viewer_sink_ms_p95": viewer.latency_ms_p95,
-           "server_process_cpu_ms_per_frame": 1000 * cpu / args.frames, "wall_s": wall}
+    out = {
+        "frames": args.frames,
+        "size": "854x480",
+        "fps_source": 30,
+        "drawn": st["frames"],
+        "client_drops": st["clientDrops"],
+        "server_drops": st["serverDrops"],
+        "glass_to_glass_ms_p50": float(np.percentile(lat, 50)),
+        "glass_to_glass_ms_p95": float(np.percentile(lat, 95)),
+        "viewer_sink_ms_p50": viewer.latency_ms_p50,
+        "viewer_sink_ms_p95": viewer.latency_ms_p95,
+        "server_process_cpu_ms_per_frame": 1000 * cpu / args.frames,
+        "wall_s": wall,
+    }
     for k, v in out.items():
         logger.info("%-34s %s", k, f"{v:.2f}" if isinstance(v, float) else v)
     if args.json:

@@ -32,8 +32,9 @@ def main() -> None:
     so.enable_profiling = True
     with tempfile.TemporaryDirectory() as tmp:
         so.profile_file_prefix = os.path.join(tmp, "profile")
-        sess = ort.InferenceSession(str(args.export / manifest["graphs"][args.graph]["file"]), so,
-                                    providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(
+            str(args.export / manifest["graphs"][args.graph]["file"]), so, providers=["CPUExecutionProvider"]
+        )
         rng = np.random.default_rng(0)
         feed = {}
         for i in sess.get_inputs():
@@ -55,7 +56,9 @@ def main() -> None:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= first_end:
             per_op[e["args"]["op_name"]] += e["dur"]
     total = sum(per_op.values())
-    print(f"{args.graph}: {total / args.runs / 1e3:.1f} ms of kernels per run ({args.threads} threads), by operator:")
+    print(
+        f"{args.graph}: {total / args.runs / 1e3:.1f} ms of kernels per run ({args.threads} threads), by operator:"
+    )
     for op, us in per_op.most_common(12):
         print(f"  {op:24s} {us / args.runs / 1e3:8.1f} ms  {100 * us / total:5.1f} %")
 

@@ -63,9 +63,17 @@ class RunReport:
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "frames": self.frames, "wall_s": self.wall_s, "fps": self.fps,
-                "interrupted": self.interrupted, "cancelled": self.cancelled, "reason": self.reason,
-                "error": self.error, "metrics": self.metrics.as_dict()}
+        return {
+            "name": self.name,
+            "frames": self.frames,
+            "wall_s": self.wall_s,
+            "fps": self.fps,
+            "interrupted": self.interrupted,
+            "cancelled": self.cancelled,
+            "reason": self.reason,
+            "error": self.error,
+            "metrics": self.metrics.as_dict(),
+        }
 
     def summary(self) -> str:
         head = f"{self.name}: {self.frames} frames in {self.wall_s:.2f}s ({self.fps:.1f} fps), {self.reason}"
@@ -90,8 +98,9 @@ class ControlReceipt:
         if not self._pending:
             self._done.set()
 
-    def _settle(self, stage: str, consumed: bool = False, error: BaseException | None = None,
-                delivered: bool = True) -> None:
+    def _settle(
+        self, stage: str, consumed: bool = False, error: BaseException | None = None, delivered: bool = True
+    ) -> None:
         with self._lock:
             if consumed:
                 self.consumed_by.append(stage)
@@ -166,18 +175,31 @@ class Pipeline:
     edge; each sink's edge holds ``SinkSpec.queue_size``.  A pipeline runs once.
     """
 
-    def __init__(self, source: Source[Any], stages: Sequence[Stage[Any, Any]] = (),
-                 sinks: Sequence[SinkSpec[Any]] = (), *, policy: str | Mapping[str, str] | None = None,
-                 queue_size: int = 8, name: str = "pipeline") -> None:
+    def __init__(
+        self,
+        source: Source[Any],
+        stages: Sequence[Stage[Any, Any]] = (),
+        sinks: Sequence[SinkSpec[Any]] = (),
+        *,
+        policy: str | Mapping[str, str] | None = None,
+        queue_size: int = 8,
+        name: str = "pipeline",
+    ) -> None:
         if not isinstance(source, Source):
-            raise ConfigError(f"pipeline '{name}': source must be a vostream Source, got {type(source).__name__}")
+            raise ConfigError(
+                f"pipeline '{name}': source must be a vostream Source, got {type(source).__name__}"
+            )
         for s in stages:
             if not isinstance(s, Stage):
-                raise ConfigError(f"pipeline '{name}': every stage must be a vostream Stage, got {type(s).__name__}")
+                raise ConfigError(
+                    f"pipeline '{name}': every stage must be a vostream Stage, got {type(s).__name__}"
+                )
         for spec in sinks:
             if not isinstance(spec, SinkSpec):
-                raise ConfigError(f"pipeline '{name}': every sink must be a SinkSpec (an inert description whose "
-                                  f"build() makes the sink), got {type(spec).__name__}")
+                raise ConfigError(
+                    f"pipeline '{name}': every sink must be a SinkSpec (an inert description whose "
+                    f"build() makes the sink), got {type(spec).__name__}"
+                )
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
             raise ConfigError(f"pipeline '{name}': queue_size must be an integer >= 1, got {queue_size!r}")
         self.name = name
@@ -189,14 +211,16 @@ class Pipeline:
         elif policy is not None:
             per_edge = dict(policy)
         names = _unique([source.name] + [s.name for s in stages] + [s.name for s in sinks])
-        src_name, stage_names, sink_names = names[0], names[1:1 + len(stages)], names[1 + len(stages):]
+        src_name, stage_names, sink_names = names[0], names[1 : 1 + len(stages)], names[1 + len(stages) :]
         for p in [default, *per_edge.values()]:
             if p not in POLICIES:
                 raise ConfigError(f"pipeline '{name}': unknown edge policy {p!r}; use 'block' or 'latest'")
         unknown = set(per_edge) - set(stage_names) - set(sink_names)
         if unknown:
-            raise ConfigError(f"pipeline '{name}': policy names unknown edge(s) {sorted(unknown)}; edges are named "
-                              f"after their consumer: {', '.join(stage_names + sink_names) or '(none)'}")
+            raise ConfigError(
+                f"pipeline '{name}': policy names unknown edge(s) {sorted(unknown)}; edges are named "
+                f"after their consumer: {', '.join(stage_names + sink_names) or '(none)'}"
+            )
 
         self._nodes: list[_Node] = []
         src = _Node(src_name, "source", 0, source, None, [], NodeMetrics(src_name, "source"))
@@ -223,7 +247,9 @@ class Pipeline:
         self._last = prev  # the node whose output is "the pipeline's output"
 
         self._lock = threading.Lock()
-        self._wake = threading.Event()  # set from normal threads (never from a signal handler) to rouse the supervisor
+        self._wake = (
+            threading.Event()
+        )  # set from normal threads (never from a signal handler) to rouse the supervisor
         self._done = threading.Event()
         self._all_open = threading.Event()
         self._opened = 0
@@ -252,22 +278,29 @@ class Pipeline:
         """Start every thread.  Raises :class:`ConfigError` if this pipeline was started before."""
         with self._lock:
             if self._started_at is not None:
-                raise ConfigError(f"pipeline '{self.name}' was already started; build a new Pipeline to run again")
+                raise ConfigError(
+                    f"pipeline '{self.name}' was already started; build a new Pipeline to run again"
+                )
             self._started_at = time.monotonic()
         if not self._sinks and not self._stages:
             logger.info("pipeline '%s' has no stages and no sinks: items are read and discarded", self.name)
         if len(self._nodes) == 1:
             self._all_open.set()
         runners: dict[str, Callable[[_Node], None]] = {
-            "source": self._run_source, "stage": self._run_stage, "sink": self._run_sink}
+            "source": self._run_source,
+            "stage": self._run_stage,
+            "sink": self._run_sink,
+        }
         for node in self._nodes:
-            node.thread = threading.Thread(target=runners[node.kind], args=(node,), daemon=True,
-                                           name=f"vostream-{self.name}-{node.name}")
+            node.thread = threading.Thread(
+                target=runners[node.kind], args=(node,), daemon=True, name=f"vostream-{self.name}-{node.name}"
+            )
         for node in self._nodes:
             assert node.thread is not None
             node.thread.start()
-        self._supervisor = threading.Thread(target=self._supervise, daemon=True,
-                                            name=f"vostream-{self.name}-supervisor")
+        self._supervisor = threading.Thread(
+            target=self._supervise, daemon=True, name=f"vostream-{self.name}-supervisor"
+        )
         self._supervisor.start()
 
     def wait(self, timeout: float | None = None) -> RunReport:
@@ -283,8 +316,10 @@ class Pipeline:
         try:
             while not self._done.wait(0.1):
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"pipeline '{self.name}' still running after {timeout} s; "
-                                       "call stop() or cancel() to end it")
+                    raise TimeoutError(
+                        f"pipeline '{self.name}' still running after {timeout} s; "
+                        "call stop() or cancel() to end it"
+                    )
         except KeyboardInterrupt as exc:  # Ctrl-C without handle_signals(): finalise outputs, then leave
             if isinstance(exc, Interrupted):
                 raise
@@ -335,8 +370,12 @@ class Pipeline:
         """A live snapshot of every node's metrics (safe from any thread, any time)."""
         start = self._started_at
         end = self._finished_at if self._finished_at is not None else time.monotonic()
-        return snapshot_all(self.name, 0.0 if start is None else end - start, (n.metrics for n in self._nodes),
-                            frames=self._last.metrics.frames_out)
+        return snapshot_all(
+            self.name,
+            0.0 if start is None else end - start,
+            (n.metrics for n in self._nodes),
+            frames=self._last.metrics.frames_out,
+        )
 
     def __enter__(self) -> Pipeline:  # noqa: PYI034 - Self needs Python 3.11
         return self
@@ -364,11 +403,23 @@ class Pipeline:
             if first:
                 self._error = (node, exc, index)
         if first:
-            logger.error("pipeline '%s': %s '%s' failed: %s: %s", self.name, node.kind, node.name,
-                         type(exc).__name__, exc)
+            logger.error(
+                "pipeline '%s': %s '%s' failed: %s: %s",
+                self.name,
+                node.kind,
+                node.name,
+                type(exc).__name__,
+                exc,
+            )
         else:
-            logger.warning("pipeline '%s': %s '%s' also failed: %s: %s", self.name, node.kind, node.name,
-                           type(exc).__name__, exc)
+            logger.warning(
+                "pipeline '%s': %s '%s' also failed: %s: %s",
+                self.name,
+                node.kind,
+                node.name,
+                type(exc).__name__,
+                exc,
+            )
         for other in self._nodes:
             if other.order < node.order:
                 other.abort = True
@@ -453,8 +504,9 @@ class Pipeline:
                     item = source.read()
                 except BaseException as exc:
                     if self._stop:
-                        logger.debug("source '%s' raised after stop was requested (treated as end): %s",
-                                     node.name, exc)
+                        logger.debug(
+                            "source '%s' raised after stop was requested (treated as end): %s", node.name, exc
+                        )
                         return
                     raise
                 if item is None:
@@ -578,8 +630,12 @@ class Pipeline:
                 cancelled = True
                 for n in self._nodes:
                     n.abort = True
-            if self._stop and not interrupted and source_node.thread is not None \
-                    and source_node.thread.is_alive():
+            if (
+                self._stop
+                and not interrupted
+                and source_node.thread is not None
+                and source_node.thread.is_alive()
+            ):
                 interrupted = True
                 try:
                     self.source.interrupt()
@@ -609,21 +665,32 @@ class Pipeline:
             node, exc, _ = self._error
             error = f"{node.kind} '{node.name}': {type(exc).__name__}: {exc}"
         return RunReport(
-            name=self.name, frames=frames, wall_s=wall, fps=frames / wall if wall > 0 else 0.0,
-            interrupted=reason in ("stop", "cancel", "signal"), cancelled=self._cancel, reason=reason,
-            metrics=self.metrics(), error=error)
+            name=self.name,
+            frames=frames,
+            wall_s=wall,
+            fps=frames / wall if wall > 0 else 0.0,
+            interrupted=reason in ("stop", "cancel", "signal"),
+            cancelled=self._cancel,
+            reason=reason,
+            metrics=self.metrics(),
+            error=error,
+        )
 
 
 @contextlib.contextmanager
-def handle_signals(pipeline: Pipeline, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+def handle_signals(
+    pipeline: Pipeline, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)
+) -> Iterator[None]:
     """Map the first SIGINT/SIGTERM to ``pipeline.stop(drain=True)``, the second to ``cancel()``, the third to an
     immediate :class:`Interrupted` in the main thread; restore the previous handlers on exit.
 
     Main thread only (Python's rule for signal handlers): elsewhere raises :class:`ConfigError`.
     """
     if threading.current_thread() is not threading.main_thread():
-        raise ConfigError("handle_signals() must be used in the main thread (Python delivers signals there); "
-                          "call pipeline.stop() from your own handler instead")
+        raise ConfigError(
+            "handle_signals() must be used in the main thread (Python delivers signals there); "
+            "call pipeline.stop() from your own handler instead"
+        )
     previous = {s: signal.getsignal(s) for s in signals}
     count = 0
 
@@ -641,8 +708,10 @@ def handle_signals(pipeline: Pipeline, signals: Sequence[int] = (signal.SIGINT, 
             pipeline.cancel()
         else:
             restore()
-            raise Interrupted(f"pipeline '{pipeline.name}': interrupted three times; leaving without waiting for "
-                              "its threads")
+            raise Interrupted(
+                f"pipeline '{pipeline.name}': interrupted three times; leaving without waiting for "
+                "its threads"
+            )
 
     for s in signals:
         signal.signal(s, handler)

@@ -59,8 +59,11 @@ class StageError(VostreamError, RuntimeError):
         self.frame_index = frame_index
 
 
-class Interrupted(VostreamError, KeyboardInterrupt):
-    """The run was stopped by Ctrl-C or SIGTERM; outputs were finalised."""
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by Ctrl-C or SIGTERM; outputs were finalised.
+
+    A :class:`KeyboardInterrupt` (a ``BaseException``), deliberately *not* a :class:`VostreamError`: an
+    ``except Exception`` or ``except VostreamError`` meant for failures must not swallow a user's Ctrl-C."""
 
     exit_code = 130
 

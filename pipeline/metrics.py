@@ -115,16 +115,22 @@ class MetricsSnapshot:
         for node in self.nodes:
             if node.name == name:
                 return node
-        raise KeyError(f"no node named {name!r} in pipeline '{self.pipeline}'; "
-                       f"known: {', '.join(n.name for n in self.nodes)}")
+        raise KeyError(
+            f"no node named {name!r} in pipeline '{self.pipeline}'; "
+            f"known: {', '.join(n.name for n in self.nodes)}"
+        )
 
     def names(self) -> list[str]:
         return [n.name for n in self.nodes]
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able: ``{"pipeline", "elapsed_s", "frames", "nodes": [node.as_dict(), ...]}``."""
-        return {"pipeline": self.pipeline, "elapsed_s": self.elapsed_s, "frames": self.frames,
-                "nodes": [n.as_dict() for n in self.nodes]}
+        return {
+            "pipeline": self.pipeline,
+            "elapsed_s": self.elapsed_s,
+            "frames": self.frames,
+            "nodes": [n.as_dict() for n in self.nodes],
+        }
 
     def summary(self) -> str:
         """One line for logs: per node frames out, fps, p95 latency, queue depth and drops."""
@@ -141,8 +147,16 @@ class MetricsSnapshot:
         return f"[{self.pipeline} {self.elapsed_s:.1f}s {self.frames}f] " + " | ".join(parts)
 
     _COUNTERS = ("frames_in", "frames_out", "filtered", "drops", "discarded")
-    _GAUGES = ("queue_depth", "queue_max", "queue_capacity", "latency_ms_p50", "latency_ms_p95",
-               "age_ms_p50", "age_ms_p95", "fps")
+    _GAUGES = (
+        "queue_depth",
+        "queue_max",
+        "queue_capacity",
+        "latency_ms_p50",
+        "latency_ms_p95",
+        "age_ms_p50",
+        "age_ms_p95",
+        "fps",
+    )
 
     def samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
         """``(metric, labels, value)`` for every numeric field, Prometheus-style names
@@ -168,8 +182,16 @@ class NodeMetrics:
     measures frame age.  Inject a :class:`~vostream.pipeline.testing.ManualClock` in tests.
     """
 
-    def __init__(self, name: str, kind: str, queue: QueueLike | None = None, *, window: int = WINDOW,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        queue: QueueLike | None = None,
+        *,
+        window: int = WINDOW,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.name = name
         self.kind = kind
         self.queue = queue
@@ -224,17 +246,29 @@ class NodeMetrics:
                 fps = (len(times) - 1) / (times[-1] - times[0])
             q = self.queue
             return NodeSnapshot(
-                name=self.name, kind=self.kind, frames_in=self.frames_in, frames_out=self.frames_out,
+                name=self.name,
+                kind=self.kind,
+                frames_in=self.frames_in,
+                frames_out=self.frames_out,
                 filtered=self.filtered,
-                drops=q.drops if q is not None else 0, discarded=q.discarded if q is not None else 0,
-                queue_depth=len(q) if q is not None else 0, queue_max=q.max_depth if q is not None else 0,
-                queue_capacity=q.capacity if q is not None else 0, policy=q.policy if q is not None else "",
-                latency_ms_p50=lat50 * 1e3, latency_ms_p95=lat95 * 1e3,
-                age_ms_p50=age50 * 1e3, age_ms_p95=age95 * 1e3, fps=fps, extra=dict(self._extra),
+                drops=q.drops if q is not None else 0,
+                discarded=q.discarded if q is not None else 0,
+                queue_depth=len(q) if q is not None else 0,
+                queue_max=q.max_depth if q is not None else 0,
+                queue_capacity=q.capacity if q is not None else 0,
+                policy=q.policy if q is not None else "",
+                latency_ms_p50=lat50 * 1e3,
+                latency_ms_p95=lat95 * 1e3,
+                age_ms_p50=age50 * 1e3,
+                age_ms_p95=age95 * 1e3,
+                fps=fps,
+                extra=dict(self._extra),
             )
 
 
-def snapshot_all(pipeline: str, elapsed_s: float, nodes: Iterable[NodeMetrics], frames: int = 0) -> MetricsSnapshot:
+def snapshot_all(
+    pipeline: str, elapsed_s: float, nodes: Iterable[NodeMetrics], frames: int = 0
+) -> MetricsSnapshot:
     return MetricsSnapshot(pipeline, elapsed_s, tuple(n.snapshot() for n in nodes), frames)
 
 

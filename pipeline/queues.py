@@ -145,8 +145,10 @@ class BoundedQueue(Generic[T]):
         return len(self._items)
 
     def __repr__(self) -> str:
-        return (f"BoundedQueue({self.name!r}, {len(self._items)}/{self.capacity}, {self.policy}, "
-                f"drops={self.drops})")
+        return (
+            f"BoundedQueue({self.name!r}, {len(self._items)}/{self.capacity}, {self.policy}, "
+            f"drops={self.drops})"
+        )
 
 
 __all__ = ["EMPTY", "POLL_S", "BoundedQueue"]

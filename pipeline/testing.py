@@ -86,9 +86,18 @@ class ListSource(Source[Any], _Lifecycle):
 
     __test__ = False
 
-    def __init__(self, items: Iterable[Any], live: bool = False, delay: float = 0.0, *, name: str = "source",
-                 fail_at: int | None = None, exc: BaseException | None = None, block_after: int | None = None,
-                 open_exc: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        items: Iterable[Any],
+        live: bool = False,
+        delay: float = 0.0,
+        *,
+        name: str = "source",
+        fail_at: int | None = None,
+        exc: BaseException | None = None,
+        block_after: int | None = None,
+        open_exc: BaseException | None = None,
+    ) -> None:
         _Lifecycle.__init__(self)
         self.items = list(items)
         self.live = live
@@ -154,8 +163,14 @@ class FnStage(Stage[Any, Any], _Lifecycle):
 
     __test__ = False
 
-    def __init__(self, fn: Callable[[Any], Any] = lambda x: x, *, name: str = "fn",
-                 finish_items: Sequence[Any] = (), consume_controls: bool = True) -> None:
+    def __init__(
+        self,
+        fn: Callable[[Any], Any] = lambda x: x,
+        *,
+        name: str = "fn",
+        finish_items: Sequence[Any] = (),
+        consume_controls: bool = True,
+    ) -> None:
         _Lifecycle.__init__(self)
         self.fn = fn
         self.name = name
@@ -214,8 +229,14 @@ class FailingStage(FnStage):
 
     __test__ = False
 
-    def __init__(self, after: int = 0, exc: BaseException | None = None, *, name: str = "failing",
-                 where: str = "process") -> None:
+    def __init__(
+        self,
+        after: int = 0,
+        exc: BaseException | None = None,
+        *,
+        name: str = "failing",
+        where: str = "process",
+    ) -> None:
         super().__init__(name=name)
         self.after = after
         self.exc = exc if exc is not None else ValueError("fake stage failure")
@@ -286,9 +307,17 @@ class ListSinkSpec(SinkSpec[Any]):
 
     __test__ = False
 
-    def __init__(self, name: str = "list", policy: str | None = None, queue_size: int = 8, *, delay: float = 0.0,
-                 fail_at: int | None = None, exc: BaseException | None = None,
-                 open_exc: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "list",
+        policy: str | None = None,
+        queue_size: int = 8,
+        *,
+        delay: float = 0.0,
+        fail_at: int | None = None,
+        exc: BaseException | None = None,
+        open_exc: BaseException | None = None,
+    ) -> None:
         self.name = name
         self.policy = policy
         self.queue_size = queue_size
@@ -314,5 +343,14 @@ class ListSinkSpec(SinkSpec[Any]):
         return self.sink.items
 
 
-__all__ = ["FailingStage", "FnStage", "ListSink", "ListSinkSpec", "ListSource", "ManualClock", "SlowStage",
-           "Token", "tokens"]
+__all__ = [
+    "FailingStage",
+    "FnStage",
+    "ListSink",
+    "ListSinkSpec",
+    "ListSource",
+    "ManualClock",
+    "SlowStage",
+    "Token",
+    "tokens",
+]

@@ -51,6 +51,24 @@ class Frame:
         return float(self.pts * self.time_base)
 
 
+def outside_frame(points: Any, box: Any, width: int, height: int) -> str | None:
+    """What lies outside a ``width`` x ``height`` frame (``"point (x, y) is outside ..."``), or ``None``.
+
+    The one bounds rule for prompts wherever they come from (command line, prompts files, the viewer): points
+    need ``0 <= x < width`` and ``0 <= y < height``; a box may touch the far edges (``x1 <= width``)."""
+    for x, y in points:
+        if not (0 <= x < width and 0 <= y < height):
+            return (
+                f"point ({x:g}, {y:g}) is outside the {width}x{height} frame "
+                f"(valid x 0..{width - 1}, y 0..{height - 1})"
+            )
+    if box is not None:
+        x0, y0, x1, y1 = box
+        if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
+            return f"box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is outside the {width}x{height} frame"
+    return None
+
+
 @dataclass(frozen=True, eq=False)
 class Prompt:
     """Points, a box and/or a mask for one object on one frame.
@@ -61,7 +79,9 @@ class Prompt:
 
     obj_id: int
     frame_index: int = 0
-    points: Any = field(default_factory=lambda: np.zeros((0, 2), np.float32))  # array-like in, ndarray after init
+    points: Any = field(
+        default_factory=lambda: np.zeros((0, 2), np.float32)
+    )  # array-like in, ndarray after init
     labels: Any = field(default_factory=lambda: np.zeros((0,), np.int32))
     box: Any = None  # (x0, y0, x1, y1) or any 4-sequence in, tuple of floats after init
     mask: np.ndarray | None = None
@@ -69,11 +89,17 @@ class Prompt:
     def __post_init__(self) -> None:
         if isinstance(self.obj_id, bool) or not isinstance(self.obj_id, (int, np.integer)) or self.obj_id < 0:
             raise PromptError(f"object id must be a non-negative integer, got {self.obj_id!r}")
-        if isinstance(self.frame_index, bool) or not isinstance(self.frame_index, (int, np.integer)) \
-                or self.frame_index < 0:
+        if (
+            isinstance(self.frame_index, bool)
+            or not isinstance(self.frame_index, (int, np.integer))
+            or self.frame_index < 0
+        ):
             raise PromptError(f"frame index must be a non-negative integer, got {self.frame_index!r}")
-        pts = np.asarray(self.points, dtype=np.float32).reshape(-1, 2) if len(self.points) else \
-            np.zeros((0, 2), np.float32)
+        pts = (
+            np.asarray(self.points, dtype=np.float32).reshape(-1, 2)
+            if len(self.points)
+            else np.zeros((0, 2), np.float32)
+        )
         labels = np.asarray(self.labels, dtype=np.int32).reshape(-1)
         if len(labels) != len(pts):
             raise PromptError(f"object {self.obj_id}: {len(pts)} points but {len(labels)} labels")
@@ -116,28 +142,25 @@ class Prompt:
     def check_bounds(self, width: int, height: int, source: str = "") -> None:
         """Raise :class:`PromptError` if a point or box lies outside a ``width`` x ``height`` frame."""
         where = f" of {source}" if source else ""
-        for x, y in self.points:
-            if not (0 <= x < width and 0 <= y < height):
-                raise PromptError(
-                    f"object {self.obj_id}: point ({x:g}, {y:g}) is outside the {width}x{height} frame{where} "
-                    f"(valid x 0..{width - 1}, y 0..{height - 1})")
-        if self.box is not None:
-            x0, y0, x1, y1 = self.box
-            if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
-                raise PromptError(
-                    f"object {self.obj_id}: box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is outside the "
-                    f"{width}x{height} frame{where}")
+        problem = outside_frame(self.points, self.box, width, height)
+        if problem is not None:
+            raise PromptError(f"object {self.obj_id}: {problem}{where}")
         if self.mask is not None and self.mask.shape != (height, width):
             raise PromptError(
                 f"object {self.obj_id}: mask prompt is {self.mask.shape[1]}x{self.mask.shape[0]} but the frame{where} "
-                f"is {width}x{height}")
+                f"is {width}x{height}"
+            )
 
     def scaled(self, sx: float, sy: float, size: tuple[int, int] | None = None) -> Prompt:
         """This prompt with coordinates multiplied by (sx, sy); a mask is resized to ``size`` = (w, h)."""
         import cv2
 
         pts = self.points * np.array([sx, sy], np.float32)
-        box = None if self.box is None else (self.box[0] * sx, self.box[1] * sy, self.box[2] * sx, self.box[3] * sy)
+        box = (
+            None
+            if self.box is None
+            else (self.box[0] * sx, self.box[1] * sy, self.box[2] * sx, self.box[3] * sy)
+        )
         mask = self.mask
         if mask is not None and size is not None:
             mask = cv2.resize(mask.astype(np.uint8), size, interpolation=cv2.INTER_NEAREST).astype(bool)
@@ -191,8 +214,14 @@ class TrackResult:
 
     @classmethod
     def empty(cls, frame_index: int, height: int = 0, width: int = 0) -> TrackResult:
-        return cls(frame_index, np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, bool),
-                   np.zeros((0, 4), np.float32), masks=_empty_masks(height, width))
+        return cls(
+            frame_index,
+            np.zeros(0, np.int64),
+            np.zeros(0, np.float32),
+            np.zeros(0, bool),
+            np.zeros((0, 4), np.float32),
+            masks=_empty_masks(height, width),
+        )
 
     def __getitem__(self, index: Any) -> TrackResult:
         """Boolean or integer-array slicing of every parallel array: ``result[result.present]``."""
@@ -203,7 +232,11 @@ class TrackResult:
             idx = np.flatnonzero(idx)
         idx = idx.reshape(-1).astype(np.int64)
         return TrackResult(
-            self.frame_index, self.obj_ids[idx], self.scores[idx], self.present[idx], self.boxes[idx],
+            self.frame_index,
+            self.obj_ids[idx],
+            self.scores[idx],
+            self.present[idx],
+            self.boxes[idx],
             None if self.masks is None else self.masks[idx],
             None if self.logits is None else self.logits[idx],
             None if self.rles is None else [self.rles[i] for i in idx],
@@ -243,7 +276,12 @@ class TrackResult:
             if len(self):
                 encoded = mask_utils.encode(np.asfortranarray(self.masks.transpose(1, 2, 0).astype(np.uint8)))
                 for r in encoded:
-                    rles.append({"size": [int(r["size"][0]), int(r["size"][1])], "counts": r["counts"].decode("ascii")})
+                    rles.append(
+                        {
+                            "size": [int(r["size"][0]), int(r["size"][1])],
+                            "counts": r["counts"].decode("ascii"),
+                        }
+                    )
             self.rles = rles
         return self.rles
 
@@ -260,4 +298,35 @@ def boxes_from_masks(masks: np.ndarray) -> np.ndarray:
     return out
 
 
-__all__ = ["Frame", "Prompt", "TrackResult", "boxes_from_masks"]
+# -- control messages (Pipeline.send_control → the track stage) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemoveObject:
+    """Control message: forget object ``obj_id`` from frame ``frame_index`` on."""
+
+    obj_id: int
+    frame_index: int = 0
+
+
+@dataclass(frozen=True)
+class ResetTracker:
+    """Control message: forget every object from frame ``frame_index`` on."""
+
+    frame_index: int = 0
+
+
+#: what the track stage accepts besides frames: a prompt, or one of the two messages above
+Control = Prompt | RemoveObject | ResetTracker
+
+
+__all__ = [
+    "Control",
+    "Frame",
+    "Prompt",
+    "RemoveObject",
+    "ResetTracker",
+    "TrackResult",
+    "boxes_from_masks",
+    "outside_frame",
+]

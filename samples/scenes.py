@@ -29,6 +29,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+
 from vostream.pipeline.errors import ConfigError, OutputError, SourceError
 
 logger = logging.getLogger(__name__)
@@ -88,13 +89,14 @@ class Scene:
 # Texture helpers
 
 
-def fractal_noise(rng: np.random.Generator, h: int, w: int, octaves: int = 5, base: int = 3,
-                  persistence: float = 0.55) -> np.ndarray:
+def fractal_noise(
+    rng: np.random.Generator, h: int, w: int, octaves: int = 5, base: int = 3, persistence: float = 0.55
+) -> np.ndarray:
     """(h, w) float32 multi-octave value noise in [0, 1]."""
     out = np.zeros((h, w), np.float32)
     amp, total = 1.0, 0.0
     for o in range(octaves):
-        cells = base * 2 ** o
+        cells = base * 2**o
         gh, gw = max(2, round(cells * h / max(h, w))) + 2, max(2, round(cells * w / max(h, w))) + 2
         grid = rng.random((gh, gw), dtype=np.float32)
         out += amp * cv2.resize(grid, (w, h), interpolation=cv2.INTER_CUBIC)
@@ -105,8 +107,16 @@ def fractal_noise(rng: np.random.Generator, h: int, w: int, octaves: int = 5, ba
     return np.clip((out - lo) / max(hi - lo, 1e-6), 0, 1)
 
 
-def colour_field(rng: np.random.Generator, h: int, w: int, palette: Sequence[Sequence[int]], octaves: int = 5,
-                 base: int = 3, stripes: float = 0.0, stripe_period: float = 40.0) -> np.ndarray:
+def colour_field(
+    rng: np.random.Generator,
+    h: int,
+    w: int,
+    palette: Sequence[Sequence[int]],
+    octaves: int = 5,
+    base: int = 3,
+    stripes: float = 0.0,
+    stripe_period: float = 40.0,
+) -> np.ndarray:
     """(h, w, 3) float32 texture mixing ``palette`` colours with noise fields (+ optional stripes)."""
     pal = np.asarray(palette, np.float32)
     img = np.broadcast_to(pal[0], (h, w, 3)).copy()
@@ -124,8 +134,15 @@ def colour_field(rng: np.random.Generator, h: int, w: int, palette: Sequence[Seq
     return np.clip(img, 0, 255)
 
 
-def _blob_polygon(cx: float, cy: float, r: float, harmonics: Sequence[tuple[int, float, float]], angle: float = 0.0,
-                  aspect: float = 1.0, n: int = 96) -> np.ndarray:
+def _blob_polygon(
+    cx: float,
+    cy: float,
+    r: float,
+    harmonics: Sequence[tuple[int, float, float]],
+    angle: float = 0.0,
+    aspect: float = 1.0,
+    n: int = 96,
+) -> np.ndarray:
     """(n, 2) float32 outline: radius r * (1 + sum a_k cos(k theta + phi_k)), rotated by ``angle``."""
     th = np.linspace(0, 2 * math.pi, n, endpoint=False)
     rad = np.ones_like(th)
@@ -150,35 +167,48 @@ class _Object:
     texture: np.ndarray  # (S, S, 3) float32
     tex_r: float
 
-    def paint(self, canvas: np.ndarray, mask: np.ndarray, cx: float, cy: float, scale: float,
-              angle: float = 0.0) -> None:
+    def paint(
+        self, canvas: np.ndarray, mask: np.ndarray, cx: float, cy: float, scale: float, angle: float = 0.0
+    ) -> None:
         """Draw the texture (centred at cx, cy, scaled, rotated) into ``canvas`` where ``mask``."""
         h, w = mask.shape
         s = self.texture.shape[0]
         ca, sa = math.cos(angle) * scale, math.sin(angle) * scale
-        m = np.array([[ca, -sa, cx - (ca * s / 2 - sa * s / 2)], [sa, ca, cy - (sa * s / 2 + ca * s / 2)]],
-                     np.float32)
+        m = np.array(
+            [[ca, -sa, cx - (ca * s / 2 - sa * s / 2)], [sa, ca, cy - (sa * s / 2 + ca * s / 2)]], np.float32
+        )
         ys, xs = np.nonzero(mask)
         if not len(ys):
             return
         y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
         m2 = m.copy()
         m2[:, 2] -= (x0, y0)
-        warped = cv2.warpAffine(self.texture, m2, (int(x1 - x0), int(y1 - y0)), flags=cv2.INTER_LINEAR,
-                                borderMode=cv2.BORDER_REFLECT)
+        warped = cv2.warpAffine(
+            self.texture,
+            m2,
+            (int(x1 - x0), int(y1 - y0)),
+            flags=cv2.INTER_LINEAR,
+            borderMode=cv2.BORDER_REFLECT,
+        )
         sub = mask[y0:y1, x0:x1]
         canvas[y0:y1, x0:x1][sub] = warped[sub]
 
 
-def _make_object(rng: np.random.Generator, r: float, palette: Sequence[Sequence[int]], spots: int = 6,
-                 stripes: float = 0.0) -> _Object:
+def _make_object(
+    rng: np.random.Generator, r: float, palette: Sequence[Sequence[int]], spots: int = 6, stripes: float = 0.0
+) -> _Object:
     s = max(16, int(math.ceil(r * 3)))
     tex = colour_field(rng, s, s, palette, octaves=4, base=2, stripes=stripes, stripe_period=max(6.0, s / 5))
     for _ in range(spots):  # a few darker/lighter spots: the texture is not a flat colour
         c = (int(rng.integers(0, s)), int(rng.integers(0, s)))
-        cv2.circle(tex, c, int(rng.integers(max(2, s // 20), max(3, s // 8))),
-                   tuple(float(v) for v in np.asarray(palette[0], np.float32) * rng.uniform(0.5, 1.3)), -1,
-                   cv2.LINE_AA)
+        cv2.circle(
+            tex,
+            c,
+            int(rng.integers(max(2, s // 20), max(3, s // 8))),
+            tuple(float(v) for v in np.asarray(palette[0], np.float32) * rng.uniform(0.5, 1.3)),
+            -1,
+            cv2.LINE_AA,
+        )
     return _Object(tex, s / 2)
 
 
@@ -192,7 +222,7 @@ class _Ctx:
     def __init__(self, w: int, h: int, t: int, seed: int, name: str) -> None:
         self.w, self.h, self.t = w, h, t
         self.s = min(w / 854, h / 480)  # length unit: 1 at 854x480
-        self.rng = np.random.default_rng([seed, sum(ord(c) * 131 ** i for i, c in enumerate(name)) % 2 ** 31])
+        self.rng = np.random.default_rng([seed, sum(ord(c) * 131**i for i, c in enumerate(name)) % 2**31])
         self.frames = np.zeros((t, h, w, 3), np.uint8)
         self.labels = np.zeros((t, h, w), np.uint8)
         self.noise_sigma = 4.0
@@ -209,14 +239,14 @@ class _Ctx:
         self.labels[i] = labels
 
     def seed_cv(self, i: int) -> None:
-        cv2.setRNGSeed(int(self.rng.integers(0, 2 ** 31 - 1)) ^ i)
+        cv2.setRNGSeed(int(self.rng.integers(0, 2**31 - 1)) ^ i)
 
 
 BG_GREEN = [(70, 95, 50), (120, 130, 70), (45, 60, 35), (150, 140, 105)]
 BG_EARTH = [(110, 90, 70), (150, 125, 95), (80, 70, 60), (175, 160, 130)]
 BG_URBAN = [(105, 105, 110), (140, 135, 130), (70, 72, 80), (165, 120, 95)]
-OBJ_RED = [(175, 55, 45), (205, 95, 70), (120, 40, 35), (150, 125, 95)]      # last colour overlaps BG_EARTH
-OBJ_BLUE = [(50, 80, 160), (85, 120, 190), (40, 50, 100), (105, 105, 110)]   # last colour overlaps BG_URBAN
+OBJ_RED = [(175, 55, 45), (205, 95, 70), (120, 40, 35), (150, 125, 95)]  # last colour overlaps BG_EARTH
+OBJ_BLUE = [(50, 80, 160), (85, 120, 190), (40, 50, 100), (105, 105, 110)]  # last colour overlaps BG_URBAN
 OBJ_YELLOW = [(200, 170, 60), (225, 200, 100), (160, 130, 50), (120, 130, 70)]  # last overlaps BG_GREEN
 OBJ_ORANGE = [(200, 110, 40), (230, 150, 80), (150, 80, 30), (150, 140, 105)]
 
@@ -235,10 +265,18 @@ def _path(t: np.ndarray, pts: Sequence[tuple[float, float]]) -> np.ndarray:
 # Scenes
 
 
-def _simple(ctx: _Ctx, bg_pal: Sequence[Sequence[int]], obj_pal: Sequence[Sequence[int]], waypoints: list,
-            radius: float, scale: Callable[[np.ndarray], np.ndarray] | None = None, deform: float = 0.0,
-            gain: Callable[[int, np.ndarray], np.ndarray | float] | None = None, stripes: float = 0.15,
-            distractor: tuple[Sequence[Sequence[int]], list] | None = None) -> None:
+def _simple(
+    ctx: _Ctx,
+    bg_pal: Sequence[Sequence[int]],
+    obj_pal: Sequence[Sequence[int]],
+    waypoints: list,
+    radius: float,
+    scale: Callable[[np.ndarray], np.ndarray] | None = None,
+    deform: float = 0.0,
+    gain: Callable[[int, np.ndarray], np.ndarray | float] | None = None,
+    stripes: float = 0.15,
+    distractor: tuple[Sequence[Sequence[int]], list] | None = None,
+) -> None:
     w, h, t = ctx.w, ctx.h, ctx.t
     bg = colour_field(ctx.rng, h, w, bg_pal, stripes=stripes, stripe_period=48 * ctx.s)
     r = radius * ctx.s
@@ -258,7 +296,9 @@ def _simple(ctx: _Ctx, bg_pal: Sequence[Sequence[int]], obj_pal: Sequence[Sequen
         labels = np.zeros((h, w), np.uint8)
         if dis is not None:
             dp = dis[1][i]
-            dpoly = _blob_polygon(dp[0], dp[1], r * 0.9, [(2, 0.1, 1.0), (3, 0.08, 2.0)], angle=0.3 + 0.01 * i)
+            dpoly = _blob_polygon(
+                dp[0], dp[1], r * 0.9, [(2, 0.1, 1.0), (3, 0.08, 2.0)], angle=0.3 + 0.01 * i
+            )
             dm = _raster(dpoly, h, w)
             dis[0].paint(canvas, dm, dp[0], dp[1], 1.0, 0.3 + 0.01 * i)
         hi = [(k, a * (1 + deform * math.sin(0.15 * i * k + ph)), ph + deform * 0.1 * i) for k, a, ph in harm]
@@ -277,8 +317,15 @@ def _scene_translate(ctx: _Ctx) -> None:
 
 
 def _scene_deform(ctx: _Ctx) -> None:
-    _simple(ctx, BG_GREEN, OBJ_YELLOW, [(0.25, 0.5), (0.5, 0.4), (0.75, 0.55)], radius=44,
-            scale=lambda tt: 0.7 + 0.8 * np.sin(np.pi * tt) ** 2, deform=1.0)
+    _simple(
+        ctx,
+        BG_GREEN,
+        OBJ_YELLOW,
+        [(0.25, 0.5), (0.5, 0.4), (0.75, 0.55)],
+        radius=44,
+        scale=lambda tt: 0.7 + 0.8 * np.sin(np.pi * tt) ** 2,
+        deform=1.0,
+    )
 
 
 def _scene_illumination(ctx: _Ctx) -> None:
@@ -292,25 +339,47 @@ def _scene_illumination(ctx: _Ctx) -> None:
         spot = 0.25 * np.exp(-((xx - lx) ** 2 + (yy - h * 0.3) ** 2) / (2 * (0.3 * w) ** 2))
         return (g + spot)[..., None]
 
-    _simple(ctx, BG_URBAN, OBJ_BLUE, [(0.3, 0.6), (0.55, 0.45), (0.75, 0.6), (0.5, 0.65)], radius=46,
-            gain=gain)
+    _simple(
+        ctx, BG_URBAN, OBJ_BLUE, [(0.3, 0.6), (0.55, 0.45), (0.75, 0.6), (0.5, 0.65)], radius=46, gain=gain
+    )
 
 
 def _scene_distractor(ctx: _Ctx) -> None:
-    _simple(ctx, BG_GREEN, OBJ_ORANGE, [(0.25, 0.4), (0.45, 0.55), (0.7, 0.45)], radius=42,
-            distractor=([(190, 105, 45), (225, 145, 85), (140, 75, 30), (150, 140, 105)],
-                        [(0.6, 0.75), (0.5, 0.7), (0.3, 0.72)]))
+    _simple(
+        ctx,
+        BG_GREEN,
+        OBJ_ORANGE,
+        [(0.25, 0.4), (0.45, 0.55), (0.7, 0.45)],
+        radius=42,
+        distractor=(
+            [(190, 105, 45), (225, 145, 85), (140, 75, 30), (150, 140, 105)],
+            [(0.6, 0.75), (0.5, 0.7), (0.3, 0.72)],
+        ),
+    )
 
 
-def _occluder_scene(ctx: _Ctx, occ_rects: list[tuple[float, float, float, float]], waypoints: list,
-                    bg_pal: Sequence[Sequence[int]], obj_pal: Sequence[Sequence[int]], radius: float) -> None:
+def _occluder_scene(
+    ctx: _Ctx,
+    occ_rects: list[tuple[float, float, float, float]],
+    waypoints: list,
+    bg_pal: Sequence[Sequence[int]],
+    obj_pal: Sequence[Sequence[int]],
+    radius: float,
+) -> None:
     w, h, t = ctx.w, ctx.h, ctx.t
     bg = colour_field(ctx.rng, h, w, bg_pal, stripes=0.12, stripe_period=40 * ctx.s)
-    occ_tex = colour_field(ctx.rng, h, w, [(90, 80, 75), (130, 110, 90), (60, 55, 50)], base=4, stripes=0.25,
-                           stripe_period=14 * ctx.s)
+    occ_tex = colour_field(
+        ctx.rng,
+        h,
+        w,
+        [(90, 80, 75), (130, 110, 90), (60, 55, 50)],
+        base=4,
+        stripes=0.25,
+        stripe_period=14 * ctx.s,
+    )
     occ = np.zeros((h, w), bool)
     for x0, y0, x1, y1 in occ_rects:
-        occ[int(y0 * h):int(y1 * h), int(x0 * w):int(x1 * w)] = True
+        occ[int(y0 * h) : int(y1 * h), int(x0 * w) : int(x1 * w)] = True
     r = radius * ctx.s
     obj = _make_object(ctx.rng, r, obj_pal)
     harm = [(2, 0.1, ctx.rng.uniform(0, 6.28)), (3, 0.06, ctx.rng.uniform(0, 6.28))]
@@ -329,13 +398,21 @@ def _occluder_scene(ctx: _Ctx, occ_rects: list[tuple[float, float, float, float]
 
 def _scene_partial_occlusion(ctx: _Ctx) -> None:
     # a pole narrower than the object: it is cut in two while passing behind it
-    _occluder_scene(ctx, [(0.47, 0.0, 0.52, 1.0)], [(0.2, 0.5), (0.8, 0.55), (0.3, 0.45)], BG_URBAN, OBJ_RED, 50)
+    _occluder_scene(
+        ctx, [(0.47, 0.0, 0.52, 1.0)], [(0.2, 0.5), (0.8, 0.55), (0.3, 0.45)], BG_URBAN, OBJ_RED, 50
+    )
 
 
 def _scene_full_occlusion(ctx: _Ctx) -> None:
     # a wide wall hides the object completely for a while; later it leaves through the right edge and returns
-    _occluder_scene(ctx, [(0.36, 0.15, 0.56, 0.95)],
-                    [(0.15, 0.55), (0.46, 0.55), (0.7, 0.5), (1.15, 0.5), (0.75, 0.45)], BG_EARTH, OBJ_BLUE, 42)
+    _occluder_scene(
+        ctx,
+        [(0.36, 0.15, 0.56, 0.95)],
+        [(0.15, 0.55), (0.46, 0.55), (0.7, 0.5), (1.15, 0.5), (0.75, 0.45)],
+        BG_EARTH,
+        OBJ_BLUE,
+        42,
+    )
 
 
 def _scene_crossing(ctx: _Ctx) -> None:
@@ -381,21 +458,55 @@ def _scene_camera_pan(ctx: _Ctx) -> None:
         ctx.finish(i, canvas, labels)
 
 
-SCENES: dict[str, SceneSpec] = {s.name: s for s in [
-    SceneSpec("translate", "textured object translating over a textured background", 90, 1, _scene_translate),
-    SceneSpec("deform", "object translating, scaling 0.7x-1.5x and changing its outline", 90, 1, _scene_deform),
-    SceneSpec("partial_occlusion", "object passing behind a narrow pole (cut in two), then back", 90, 1,
-              _scene_partial_occlusion),
-    SceneSpec("full_occlusion", "object hidden by a wall, re-emerges, leaves the frame right and returns", 120, 1,
-              _scene_full_occlusion),
-    SceneSpec("crossing", "two objects crossing; object 1 passes in front of object 2", 90, 2, _scene_crossing),
-    SceneSpec("camera_pan", "camera pans: the whole background scrolls, the object moves relative to it", 90, 1,
-              _scene_camera_pan),
-    SceneSpec("illumination", "global light dims to 55% and back, a moving light spot, stronger noise", 90, 1,
-              _scene_illumination),
-    SceneSpec("distractor", "a similarly coloured (untracked) object passes near the tracked one", 90, 1,
-              _scene_distractor),
-]}
+SCENES: dict[str, SceneSpec] = {
+    s.name: s
+    for s in [
+        SceneSpec(
+            "translate", "textured object translating over a textured background", 90, 1, _scene_translate
+        ),
+        SceneSpec(
+            "deform", "object translating, scaling 0.7x-1.5x and changing its outline", 90, 1, _scene_deform
+        ),
+        SceneSpec(
+            "partial_occlusion",
+            "object passing behind a narrow pole (cut in two), then back",
+            90,
+            1,
+            _scene_partial_occlusion,
+        ),
+        SceneSpec(
+            "full_occlusion",
+            "object hidden by a wall, re-emerges, leaves the frame right and returns",
+            120,
+            1,
+            _scene_full_occlusion,
+        ),
+        SceneSpec(
+            "crossing", "two objects crossing; object 1 passes in front of object 2", 90, 2, _scene_crossing
+        ),
+        SceneSpec(
+            "camera_pan",
+            "camera pans: the whole background scrolls, the object moves relative to it",
+            90,
+            1,
+            _scene_camera_pan,
+        ),
+        SceneSpec(
+            "illumination",
+            "global light dims to 55% and back, a moving light spot, stronger noise",
+            90,
+            1,
+            _scene_illumination,
+        ),
+        SceneSpec(
+            "distractor",
+            "a similarly coloured (untracked) object passes near the tracked one",
+            90,
+            1,
+            _scene_distractor,
+        ),
+    ]
+}
 
 
 def _click_points(labels0: np.ndarray, obj_ids: list[int]) -> np.ndarray:
@@ -411,7 +522,9 @@ def _click_points(labels0: np.ndarray, obj_ids: list[int]) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4)
-def render_scene(name: str, width: int = 854, height: int = 480, frames: int | None = None, seed: int = 0) -> Scene:
+def render_scene(
+    name: str, width: int = 854, height: int = 480, frames: int | None = None, seed: int = 0
+) -> Scene:
     """Render scene ``name`` (a key of :data:`SCENES`) at ``width`` x ``height``; cached per process.
 
     ``frames`` defaults to the scene's own length; the motion is spread over whatever length is asked for.
@@ -523,7 +636,9 @@ class SequenceScore:
     per_frame: np.ndarray
 
 
-def score_sequence(preds: Iterable[np.ndarray], scene: Scene, obj_ids: Sequence[int] | None = None) -> SequenceScore:
+def score_sequence(
+    preds: Iterable[np.ndarray], scene: Scene, obj_ids: Sequence[int] | None = None
+) -> SequenceScore:
     """Score predicted masks against ``scene``'s ground truth.
 
     ``preds`` yields one entry per frame (frame 0 first): either (N, H, W) bool masks in ``obj_ids`` order
@@ -543,7 +658,9 @@ def score_sequence(preds: Iterable[np.ndarray], scene: Scene, obj_ids: Sequence[
         else:
             rows.append([iou(p[k], gt == oid) for k, oid in enumerate(ids)])
     per_frame = np.asarray(rows, np.float64).reshape(-1, len(ids))
-    per_obj = {oid: float(per_frame[:, k].mean()) if len(per_frame) else float("nan") for k, oid in enumerate(ids)}
+    per_obj = {
+        oid: float(per_frame[:, k].mean()) if len(per_frame) else float("nan") for k, oid in enumerate(ids)
+    }
     mean = float(per_frame.mean()) if per_frame.size else float("nan")
     return SequenceScore(per_obj, mean, per_frame)
 
@@ -561,13 +678,18 @@ def _parse_size(text: str) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vostream.samples.scenes",
-                                     description="Write synthetic scenes (MP4 + ground-truth PNGs).")
+    parser = argparse.ArgumentParser(
+        prog="python -m vostream.samples.scenes",
+        description="Write synthetic scenes (MP4 + ground-truth PNGs).",
+    )
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--scene", action="append", choices=sorted(SCENES), help="scene name (repeatable); "
-                        "default: all")
+    parser.add_argument(
+        "--scene", action="append", choices=sorted(SCENES), help="scene name (repeatable); default: all"
+    )
     parser.add_argument("--size", default="854x480", help="WxH (default 854x480)")
-    parser.add_argument("--frames", type=int, default=None, help="frames per scene (default: the scene's own)")
+    parser.add_argument(
+        "--frames", type=int, default=None, help="frames per scene (default: the scene's own)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-gt", action="store_true", help="skip the ground-truth PNGs")
     args = parser.parse_args(argv)
@@ -584,8 +706,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["SCENES", "Scene", "SceneSpec", "SequenceScore", "encoded_frames", "iou", "read_video", "render_scene",
-           "score_sequence", "write_gt_pngs", "write_scene"]
+__all__ = [
+    "SCENES",
+    "Scene",
+    "SceneSpec",
+    "SequenceScore",
+    "encoded_frames",
+    "iou",
+    "read_video",
+    "render_scene",
+    "score_sequence",
+    "write_gt_pngs",
+    "write_scene",
+]
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from vostream.pipeline.errors import ConfigError
 from vostream.pipeline.stage import SinkSpec
@@ -32,9 +33,13 @@ FILE_FORMATS: dict[str, str] = {
 }
 
 
-def build_file_sinks(out_dir: str | os.PathLike[str], formats: Iterable[str] = ("video", "png", "json", "mot"),
-                     fps: float | None = None, source_name: str | None = None,
-                     **video_options: Any) -> list[SinkSpec[Any]]:
+def build_file_sinks(
+    out_dir: str | os.PathLike[str],
+    formats: Iterable[str] = ("video", "png", "json", "mot"),
+    fps: float | None = None,
+    source_name: str | None = None,
+    **video_options: Any,
+) -> list[SinkSpec[Any]]:
     """Sink specs for ``formats`` under ``out_dir``: ``overlay.mp4``, ``masks/00000.png``..., ``annotations.json``,
     ``mot.txt``.
 

@@ -31,16 +31,20 @@ def ensure_dir(directory: str | os.PathLike[str], what: str = "output") -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise OutputError(f"cannot create the {what} directory {str(path)!r}: {err.strerror or err}; "
-                          f"choose a writable location") from err
+        raise OutputError(
+            f"cannot create the {what} directory {str(path)!r}: {err.strerror or err}; "
+            f"choose a writable location"
+        ) from err
     probe = path / f".vostream-write-test.{secrets.token_hex(4)}{TMP_SUFFIX}"
     try:
         with open(probe, "wb"):
             pass
         probe.unlink()
     except OSError as err:
-        raise OutputError(f"the {what} directory {str(path)!r} is not writable: {err.strerror or err}; "
-                          f"choose a writable location") from err
+        raise OutputError(
+            f"the {what} directory {str(path)!r} is not writable: {err.strerror or err}; "
+            f"choose a writable location"
+        ) from err
     return path
 
 
@@ -86,8 +90,10 @@ class AtomicFile:
         try:
             self.file: IO[Any] = open(self.tmp, mode.replace("a", "w").replace("x", "w"), encoding=encoding)
         except OSError as err:
-            raise OutputError(f"cannot write {str(self.path)!r}: {err.strerror or err}; "
-                              f"check the directory exists and is writable") from err
+            raise OutputError(
+                f"cannot write {str(self.path)!r}: {err.strerror or err}; "
+                f"check the directory exists and is writable"
+            ) from err
         self._done = False
 
     def write(self, data: Any) -> int:
@@ -144,5 +150,13 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         f.write(text)
 
 
-__all__ = ["AtomicFile", "TMP_SUFFIX", "atomic_write_bytes", "atomic_write_text", "commit", "discard",
-           "ensure_dir", "temp_path_for"]
+__all__ = [
+    "AtomicFile",
+    "TMP_SUFFIX",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "commit",
+    "discard",
+    "ensure_dir",
+    "temp_path_for",
+]

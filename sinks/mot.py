@@ -27,10 +27,13 @@ def mot_lines(frame: Frame) -> list[str]:
     if result is None:
         return []
     lines = []
-    for oid, (x0, y0, x1, y1), score, present in zip(result.obj_ids.tolist(), result.boxes.tolist(),
-                                                     result.scores.tolist(), result.present.tolist()):
+    for oid, (x0, y0, x1, y1), score, present in zip(
+        result.obj_ids.tolist(), result.boxes.tolist(), result.scores.tolist(), result.present.tolist()
+    ):
         if present and x1 > x0 and y1 > y0:
-            lines.append(f"{frame.index + 1},{oid},{x0:.2f},{y0:.2f},{x1 - x0:.2f},{y1 - y0:.2f},{score:.4f},-1,-1,-1")
+            lines.append(
+                f"{frame.index + 1},{oid},{x0:.2f},{y0:.2f},{x1 - x0:.2f},{y1 - y0:.2f},{score:.4f},-1,-1,-1"
+            )
     return lines
 
 

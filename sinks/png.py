@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+
 from vostream.pipeline.errors import OutputError
 from vostream.pipeline.stage import Sink, SinkSpec
 from vostream.pipeline.types import Frame
@@ -70,13 +71,17 @@ class PngSink(Sink[Frame]):
         labels = np.zeros((frame.height, frame.width), np.uint8)
         if result is not None and len(result):
             if result.masks is None:
-                raise OutputError(f"PNG sink {self.dir}: frame {frame.index} has no full-size masks; "
-                                  f"run the postprocess stage before the sinks")
+                raise OutputError(
+                    f"PNG sink {self.dir}: frame {frame.index} has no full-size masks; "
+                    f"run the postprocess stage before the sinks"
+                )
             ids = result.obj_ids[result.present]
             bad = ids[(ids < 1) | (ids > 255)]
             if len(bad):
-                raise OutputError(f"PNG sink {self.dir}: object id {int(bad[0])} at frame {frame.index} does not "
-                                  f"fit a palette PNG (ids 1..255); use the JSON output for such ids")
+                raise OutputError(
+                    f"PNG sink {self.dir}: object id {int(bad[0])} at frame {frame.index} does not "
+                    f"fit a palette PNG (ids 1..255); use the JSON output for such ids"
+                )
             for oid, mask, present in zip(result.obj_ids, result.masks, result.present):
                 if present:
                     labels[mask] = oid

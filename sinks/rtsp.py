@@ -32,10 +32,11 @@ from typing import Any
 import av
 import cv2
 import numpy as np
+
 from vostream.pipeline.errors import ConfigError, OutputError
+from vostream.pipeline.reconnect import ReconnectPolicy, SourceSupervisor
 from vostream.pipeline.stage import LATEST, Sink, SinkSpec
 from vostream.pipeline.types import Frame
-from vostream.stages.sources.live import ReconnectPolicy, SourceSupervisor
 
 from .overlay import OverlayStyle, draw_overlay
 
@@ -88,7 +89,9 @@ class RtspSinkSpec(SinkSpec[Frame]):
         if self.gop is not None and self.gop < 1:
             raise ConfigError(f"rtsp output {self.url}: gop must be >= 1 frame, got {self.gop}")
         if not self.lost_after_s > 0:
-            raise ConfigError(f"rtsp output {self.url}: lost_after_s must be positive, got {self.lost_after_s}")
+            raise ConfigError(
+                f"rtsp output {self.url}: lost_after_s must be positive, got {self.lost_after_s}"
+            )
 
     def build(self) -> RtspSink:
         return RtspSink(self)
@@ -101,8 +104,16 @@ def draw_banner(image: np.ndarray, text: str) -> np.ndarray:
     bar = max(16, h // 8)
     out[:bar] = (200, 0, 0)
     scale = max(0.35, bar / 40)
-    cv2.putText(out, text, (max(2, w // 40), int(bar * 0.72)), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255),
-                max(1, int(scale * 2)), cv2.LINE_AA)
+    cv2.putText(
+        out,
+        text,
+        (max(2, w // 40), int(bar * 0.72)),
+        cv2.FONT_HERSHEY_SIMPLEX,
+        scale,
+        (255, 255, 255),
+        max(1, int(scale * 2)),
+        cv2.LINE_AA,
+    )
     return out
 
 
@@ -110,8 +121,13 @@ class _Publisher:
     """One connection to the server: container + H.264 stream.  Used by the publisher thread only."""
 
     def __init__(self, spec: RtspSinkSpec, width: int, height: int) -> None:
-        self.container: Any = av.open(spec.url, "w", format="rtsp", options={"rtsp_transport": spec.transport},
-                                      timeout=(spec.open_timeout, spec.open_timeout))
+        self.container: Any = av.open(
+            spec.url,
+            "w",
+            format="rtsp",
+            options={"rtsp_transport": spec.transport},
+            timeout=(spec.open_timeout, spec.open_timeout),
+        )
         try:
             rate = Fraction(spec.fps).limit_denominator(1001000)
             stream: Any = self.container.add_stream(spec.codec, rate=rate)
@@ -188,11 +204,15 @@ class RtspSink(Sink[Frame]):
         try:
             av.codec.Codec(self.spec.codec, "w")
         except Exception as err:  # noqa: BLE001 - UnknownCodecError is not an FFmpegError
-            raise OutputError(f"rtsp output {self.spec.url}: encoder {self.spec.codec!r} is not available in this "
-                              f"PyAV build") from err
+            raise OutputError(
+                f"rtsp output {self.spec.url}: encoder {self.spec.codec!r} is not available in this "
+                f"PyAV build"
+            ) from err
         self._opened = True
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"vostream-rtsp-out-{self.spec.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"vostream-rtsp-out-{self.spec.name}", daemon=True
+        )
         self._thread.start()
 
     def write(self, frame: Frame) -> None:
@@ -205,8 +225,10 @@ class RtspSink(Sink[Frame]):
         if self._size is None:
             self._size = (w, h)
         elif (w, h) != self._size:
-            raise OutputError(f"rtsp output {self.spec.url}: frame {frame.index} is {frame.width}x{frame.height} "
-                              f"but the stream is {self._size[0]}x{self._size[1]}; the source changed size")
+            raise OutputError(
+                f"rtsp output {self.spec.url}: frame {frame.index} is {frame.width}x{frame.height} "
+                f"but the stream is {self._size[0]}x{self._size[1]}; the source changed size"
+            )
         image = np.ascontiguousarray(draw_overlay(frame.image, frame.result, self.style)[:h, :w])
         with self._cond:
             if self._slot is not None:
@@ -237,7 +259,11 @@ class RtspSink(Sink[Frame]):
                     last, last_input, stub = image, now, False
                 elif stop:
                     break
-                elif last is not None and now - last_input >= spec.lost_after_s and now - last_sent >= period * 0.9:
+                elif (
+                    last is not None
+                    and now - last_input >= spec.lost_after_s
+                    and now - last_sent >= period * 0.9
+                ):
                     lost_for = now - last_input
                     image, stub = draw_banner(last, f"{spec.banner} ({lost_for:.0f} s)"), True
                 else:
@@ -310,17 +336,28 @@ class RtspSink(Sink[Frame]):
         (replaced before sending), ``dropped_offline`` (server away), ``reconnects``, ``state``,
         ``encode_cpu_ms`` (mean CPU time per encoded frame, this thread), ``error`` (the last one)."""
         snap = self.supervisor.snapshot()
-        return {"state": snap["state"], "received": self.received, "sent": self.sent, "stub_frames": self.stub_frames,
-                "dropped": self.dropped, "dropped_offline": self.dropped_offline, "reconnects": snap["reconnects"],
-                "connect_attempts": snap["attempts"],
-                "encode_cpu_ms": round(1e3 * self.encode_cpu_s / self.encoded, 3) if self.encoded else None,
-                "error": self.error}
+        return {
+            "state": snap["state"],
+            "received": self.received,
+            "sent": self.sent,
+            "stub_frames": self.stub_frames,
+            "dropped": self.dropped,
+            "dropped_offline": self.dropped_offline,
+            "reconnects": snap["reconnects"],
+            "connect_attempts": snap["attempts"],
+            "encode_cpu_ms": round(1e3 * self.encode_cpu_s / self.encoded, 3) if self.encoded else None,
+            "error": self.error,
+        }
 
 
 def rtsp_out_spec(settings: Any, fps: float | None) -> RtspSinkSpec:
     """The RTSP output of a ``vostream track`` run (``--rtsp-out`` and the ``rtsp_out_*`` settings)."""
-    return RtspSinkSpec(settings.rtsp_out, fps=fps if fps and fps > 0 else 25.0, bitrate=settings.rtsp_out_bitrate,
-                        gop=settings.rtsp_out_gop)
+    return RtspSinkSpec(
+        settings.rtsp_out,
+        fps=fps if fps and fps > 0 else 25.0,
+        bitrate=settings.rtsp_out_bitrate,
+        gop=settings.rtsp_out_gop,
+    )
 
 
 __all__ = ["RtspSink", "RtspSinkSpec", "TIME_BASE", "draw_banner", "rtsp_out_spec"]

@@ -16,6 +16,7 @@ from typing import Any
 
 import av
 import numpy as np
+
 from vostream.pipeline.errors import ConfigError, OutputError
 from vostream.pipeline.stage import Sink, SinkSpec
 from vostream.pipeline.types import Frame
@@ -25,7 +26,14 @@ from .overlay import OverlayStyle, draw_overlay
 
 logger = logging.getLogger(__name__)
 
-_FORMAT_FOR_EXT = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska", ".webm": "webm", ".avi": "avi"}
+_FORMAT_FOR_EXT = {
+    ".mp4": "mp4",
+    ".m4v": "mp4",
+    ".mov": "mov",
+    ".mkv": "matroska",
+    ".webm": "webm",
+    ".avi": "avi",
+}
 DEFAULT_FPS = 25
 
 
@@ -55,8 +63,9 @@ class VideoSinkSpec(SinkSpec[Frame]):
         if self.fps is not None and not self.fps > 0:
             raise ConfigError(f"video sink {self.path}: fps must be positive, got {self.fps}")
         if Path(self.path).suffix.lower() not in _FORMAT_FOR_EXT:
-            raise ConfigError(f"video sink {self.path}: unknown container; use one of "
-                              f"{', '.join(sorted(_FORMAT_FOR_EXT))}")
+            raise ConfigError(
+                f"video sink {self.path}: unknown container; use one of {', '.join(sorted(_FORMAT_FOR_EXT))}"
+            )
 
     def build(self) -> VideoSink:
         return VideoSink(self)
@@ -88,8 +97,10 @@ class VideoSink(Sink[Frame]):
         try:
             av.codec.Codec(self.spec.codec, "w")
         except Exception as err:  # av raises UnknownCodecError (not an FFmpegError) for a missing encoder
-            raise OutputError(f"video sink {self.path}: encoder {self.spec.codec!r} is not available in this "
-                              f"PyAV build; try codec='mpeg4'") from err
+            raise OutputError(
+                f"video sink {self.path}: encoder {self.spec.codec!r} is not available in this "
+                f"PyAV build; try codec='mpeg4'"
+            ) from err
         self._tmp = temp_path_for(self.path)
         fmt = _FORMAT_FOR_EXT[self.path.suffix.lower()]
         try:
@@ -102,11 +113,19 @@ class VideoSink(Sink[Frame]):
     def _add_stream(self, frame: Frame) -> None:
         h, w = frame.height - frame.height % 2, frame.width - frame.width % 2
         if w == 0 or h == 0:
-            raise OutputError(f"video sink {self.path}: frame {frame.index} is {frame.width}x{frame.height}, "
-                              f"too small to encode")
+            raise OutputError(
+                f"video sink {self.path}: frame {frame.index} is {frame.width}x{frame.height}, "
+                f"too small to encode"
+            )
         if (w, h) != (frame.width, frame.height):
-            logger.info("%s: cropping %dx%d to %dx%d (the encoder needs even sizes)",
-                        self.path, frame.width, frame.height, w, h)
+            logger.info(
+                "%s: cropping %dx%d to %dx%d (the encoder needs even sizes)",
+                self.path,
+                frame.width,
+                frame.height,
+                w,
+                h,
+            )
         if self._use_source_pts and (frame.pts is None or frame.time_base is None):
             self._use_source_pts = False
         rate = Fraction(self.spec.fps or DEFAULT_FPS).limit_denominator(1001000)
@@ -136,8 +155,10 @@ class VideoSink(Sink[Frame]):
         assert self._size is not None
         w, h = self._size
         if frame.width < w or frame.height < h:
-            raise OutputError(f"video sink {self.path}: frame {frame.index} is {frame.width}x{frame.height} "
-                              f"but the video is {w}x{h}; the source changed size mid-stream")
+            raise OutputError(
+                f"video sink {self.path}: frame {frame.index} is {frame.width}x{frame.height} "
+                f"but the video is {w}x{h}; the source changed size mid-stream"
+            )
         image = draw_overlay(frame.image, frame.result, self.style)[:h, :w]
         av_frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
         av_frame.pts = self._next_pts(frame)
@@ -152,8 +173,12 @@ class VideoSink(Sink[Frame]):
     def _next_pts(self, frame: Frame) -> int:
         if self._use_source_pts and frame.pts is not None and frame.time_base == self._time_base:
             pts = int(frame.pts)
-        elif self._use_source_pts and frame.pts is not None and frame.time_base is not None \
-                and self._time_base is not None:
+        elif (
+            self._use_source_pts
+            and frame.pts is not None
+            and frame.time_base is not None
+            and self._time_base is not None
+        ):
             pts = round(frame.pts * frame.time_base / self._time_base)
         else:
             pts = self._written

@@ -82,8 +82,10 @@ class VisJsonSink(Sink[Frame]):
         if result is None or not len(result):
             return
         if result.masks is None and result.rles is None:
-            raise OutputError(f"JSON sink {self.path}: frame {frame.index} has no full-size masks; "
-                              f"run the postprocess stage before the sinks")
+            raise OutputError(
+                f"JSON sink {self.path}: frame {frame.index} has no full-size masks; "
+                f"run the postprocess stage before the sinks"
+            )
         rles = result.to_rles()
         areas = result.masks.sum(axis=(1, 2)) if result.masks is not None else None
         for row, oid in enumerate(result.obj_ids.tolist()):
@@ -106,27 +108,44 @@ class VisJsonSink(Sink[Frame]):
         for oid, track in sorted(self._tracks.items()):
             scores = [track.scores.get(i) for i in range(n)]
             present = [s for s in scores if s is not None]
-            annotations.append({
-                "id": oid,
-                "video_id": 1,
-                "category_id": self.spec.category_id,
-                "iscrowd": 0,
-                "width": w,
-                "height": h,
-                "length": n,
-                "segmentations": [{"size": [h, w], "counts": track.rles[i]} if i in track.rles else None
-                                  for i in range(n)],
-                "bboxes": [track.boxes.get(i) for i in range(n)],
-                "areas": [track.areas.get(i) for i in range(n)],
-                "scores": scores,
-                "score": sum(present) / len(present) if present else 0.0,
-            })
+            annotations.append(
+                {
+                    "id": oid,
+                    "video_id": 1,
+                    "category_id": self.spec.category_id,
+                    "iscrowd": 0,
+                    "width": w,
+                    "height": h,
+                    "length": n,
+                    "segmentations": [
+                        {"size": [h, w], "counts": track.rles[i]} if i in track.rles else None
+                        for i in range(n)
+                    ],
+                    "bboxes": [track.boxes.get(i) for i in range(n)],
+                    "areas": [track.areas.get(i) for i in range(n)],
+                    "scores": scores,
+                    "score": sum(present) / len(present) if present else 0.0,
+                }
+            )
         return {
             "info": {"description": "vostream tracking results", "format": "youtube-vis", "version": 1},
-            "videos": [{"id": 1, "file_name": name, "file_names": [f"{stem}/{i:05d}.jpg" for i in range(n)],
-                        "width": w, "height": h, "length": n}],
-            "categories": [{"id": self.spec.category_id, "name": self.spec.category_name,
-                            "supercategory": self.spec.category_name}],
+            "videos": [
+                {
+                    "id": 1,
+                    "file_name": name,
+                    "file_names": [f"{stem}/{i:05d}.jpg" for i in range(n)],
+                    "width": w,
+                    "height": h,
+                    "length": n,
+                }
+            ],
+            "categories": [
+                {
+                    "id": self.spec.category_id,
+                    "name": self.spec.category_name,
+                    "supercategory": self.spec.category_name,
+                }
+            ],
             "annotations": annotations,
         }
 

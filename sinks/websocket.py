@@ -20,15 +20,16 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import cv2
+import msgpack
 import numpy as np
 
 from vostream.pipeline.errors import ConfigError
 from vostream.pipeline.metrics import Ring
-from vostream.pipeline.apps.serve.protocol import PackedFrame
 from vostream.pipeline.stage import LATEST, Sink, SinkSpec
 from vostream.pipeline.types import Frame
 
@@ -36,6 +37,37 @@ logger = logging.getLogger(__name__)
 
 #: wall clock minus monotonic clock, to turn ``frame.stamps`` (monotonic) into epoch milliseconds
 _EPOCH_OFFSET = time.time() - time.monotonic()
+
+
+@dataclass(frozen=True)
+class PackedFrame:
+    """A frame message packed once for every client, minus ``sent_ms`` which each client's sender appends.
+
+    ``body`` holds the msgpack key/value pairs of ``count`` entries; :meth:`finish` prefixes a map header for
+    ``count + 1`` entries and appends ``sent_ms``.  ``seq``/``index`` are kept for the sender's bookkeeping.
+    """
+
+    seq: int
+    index: int
+    body: bytes
+    count: int
+    capture_ms: float
+
+    @classmethod
+    def pack(cls, fields: dict[str, Any]) -> PackedFrame:
+        packer = msgpack.Packer(use_bin_type=True)
+        body = b"".join(packer.pack(k) + packer.pack(v) for k, v in fields.items())
+        return cls(
+            int(fields["seq"]), int(fields["index"]), body, len(fields), float(fields.get("capture_ms", 0.0))
+        )
+
+    def finish(self, sent_ms: float) -> bytes:
+        n = self.count + 1
+        header = bytes([0x80 | n]) if n < 16 else b"\xde" + n.to_bytes(2, "big")
+        return header + self.body + msgpack.packb("sent_ms") + msgpack.packb(float(sent_ms))
+
+    def __len__(self) -> int:
+        return len(self.body) + 16
 
 
 class ClientSlot:
@@ -106,8 +138,13 @@ class ClientSlot:
     def stats(self) -> dict[str, Any]:
         p50, p95 = self.glass_ms.percentiles(50, 95) if len(self.glass_ms) else (float("nan"),) * 2
         with self._lock:
-            return {"drops": self.drops, "sent": self.sent, "acked": self.acked, "inflight": len(self._unacked),
-                    "latency_ms": {"p50": p50, "p95": p95, "n": len(self.glass_ms)}}
+            return {
+                "drops": self.drops,
+                "sent": self.sent,
+                "acked": self.acked,
+                "inflight": len(self._unacked),
+                "latency_ms": {"p50": p50, "p95": p95, "n": len(self.glass_ms)},
+            }
 
 
 class FrameHub:
@@ -161,8 +198,10 @@ class AnnotationRecord:
         self._frames: dict[int, _FrameRecord] = {}
 
     def add(self, index: int, height: int, width: int, objs: list[dict[str, Any]]) -> None:
-        rows = [(o["id"], o["score"], o["present"], o["box"], o["rle"]["counts"] if o["rle"] else None)
-                for o in objs]
+        rows = [
+            (o["id"], o["score"], o["present"], o["box"], o["rle"]["counts"] if o["rle"] else None)
+            for o in objs
+        ]
         with self._lock:
             self._frames[index] = _FrameRecord(height, width, rows)
 
@@ -184,8 +223,15 @@ def frame_objects(frame: Frame) -> list[dict[str, Any]]:
     objs = []
     for row, oid in enumerate(result.obj_ids.tolist()):
         present = bool(result.present[row])
-        objs.append({"id": int(oid), "score": round(float(result.scores[row]), 4), "present": present,
-                     "box": [float(v) for v in result.boxes[row]], "rle": rles[row] if present else None})
+        objs.append(
+            {
+                "id": int(oid),
+                "score": round(float(result.scores[row]), 4),
+                "present": present,
+                "box": [float(v) for v in result.boxes[row]],
+                "rle": rles[row] if present else None,
+            }
+        )
     return objs
 
 
@@ -233,12 +279,20 @@ class ViewerSink(Sink[Frame]):
             self.spec.record.add(frame.index, frame.height, frame.width, objs)
         tracked = frame.stamps.get("track")
         self._seq += 1
-        packed = PackedFrame.pack({
-            "t": "frame", "seq": self._seq, "session": self.spec.session, "index": int(frame.index),
-            "w": frame.width, "h": frame.height, "jpeg": jpeg.tobytes(), "objs": objs,
-            "capture_ms": frame.capture_time * 1000.0 if frame.capture_time else 0.0,
-            "tracked_ms": (tracked + _EPOCH_OFFSET) * 1000.0 if tracked else 0.0,
-        })
+        packed = PackedFrame.pack(
+            {
+                "t": "frame",
+                "seq": self._seq,
+                "session": self.spec.session,
+                "index": int(frame.index),
+                "w": frame.width,
+                "h": frame.height,
+                "jpeg": jpeg.tobytes(),
+                "objs": objs,
+                "capture_ms": frame.capture_time * 1000.0 if frame.capture_time else 0.0,
+                "tracked_ms": (tracked + _EPOCH_OFFSET) * 1000.0 if tracked else 0.0,
+            }
+        )
         self._bytes += len(packed.body)
         self._encode_ms.add((time.perf_counter() - t0) * 1000.0)
         self.spec.hub.publish(packed)
@@ -250,8 +304,12 @@ class ViewerSink(Sink[Frame]):
 
     def stats(self) -> dict[str, Any]:
         p50, p95 = self._encode_ms.percentiles(50, 95) if len(self._encode_ms) else (float("nan"),) * 2
-        return {"published": self._seq, "encode_ms_p50": p50, "encode_ms_p95": p95,
-                "bytes_per_frame": self._bytes / self._seq if self._seq else 0.0}
+        return {
+            "published": self._seq,
+            "encode_ms_p50": p50,
+            "encode_ms_p95": p95,
+            "bytes_per_frame": self._bytes / self._seq if self._seq else 0.0,
+        }
 
 
 def decode_rle_counts(counts: str, height: int, width: int) -> np.ndarray:
@@ -261,5 +319,13 @@ def decode_rle_counts(counts: str, height: int, width: int) -> np.ndarray:
     return mask_utils.decode({"size": [height, width], "counts": counts.encode("ascii")}).astype(bool)
 
 
-__all__ = ["AnnotationRecord", "ClientSlot", "FrameHub", "ViewerSink", "ViewerSinkSpec", "decode_rle_counts",
-           "frame_objects"]
+__all__ = [
+    "AnnotationRecord",
+    "ClientSlot",
+    "FrameHub",
+    "PackedFrame",
+    "ViewerSink",
+    "ViewerSinkSpec",
+    "decode_rle_counts",
+    "frame_objects",
+]

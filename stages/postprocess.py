@@ -14,6 +14,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+
 from vostream.pipeline.errors import ConfigError
 from vostream.pipeline.stage import Stage
 from vostream.pipeline.types import Frame, TrackResult, boxes_from_masks
@@ -82,8 +83,16 @@ def clean_mask(mask: np.ndarray, *, fill_holes: bool = False, min_area: int = 0)
     return mask
 
 
-def postprocess_result(result: TrackResult, height: int, width: int, *, threshold: float = 0.0,
-                       fill_holes: bool = False, min_area: int = 0, rle: bool = False) -> TrackResult:
+def postprocess_result(
+    result: TrackResult,
+    height: int,
+    width: int,
+    *,
+    threshold: float = 0.0,
+    fill_holes: bool = False,
+    min_area: int = 0,
+    rle: bool = False,
+) -> TrackResult:
     """Full-size masks, boxes, presence (and RLE with ``rle=True``) for a tracker's ``result``.
 
     Uses ``result.logits`` (resized as float, then ``> threshold``) or else ``result.masks`` (resized with
@@ -101,7 +110,9 @@ def postprocess_result(result: TrackResult, height: int, width: int, *, threshol
         else:
             masks = np.empty((n, height, width), bool)
             for i, m in enumerate(src):
-                masks[i] = cv2.resize(m.astype(np.uint8), (width, height), interpolation=cv2.INTER_NEAREST) > 0
+                masks[i] = (
+                    cv2.resize(m.astype(np.uint8), (width, height), interpolation=cv2.INTER_NEAREST) > 0
+                )
     else:
         raise ValueError(f"frame {result.frame_index}: TrackResult has neither logits nor masks")
     present = result.present.copy()
@@ -112,8 +123,15 @@ def postprocess_result(result: TrackResult, height: int, width: int, *, threshol
         clean_mask(masks[i], fill_holes=fill_holes, min_area=min_area)
     boxes = boxes_from_masks(masks)
     present &= boxes[:, 2] > boxes[:, 0]
-    out = TrackResult(result.frame_index, result.obj_ids.copy(), result.scores.copy(), present, boxes,
-                      masks=masks, logits=result.logits)
+    out = TrackResult(
+        result.frame_index,
+        result.obj_ids.copy(),
+        result.scores.copy(),
+        present,
+        boxes,
+        masks=masks,
+        logits=result.logits,
+    )
     if rle:
         out.to_rles()
     return out
@@ -128,8 +146,9 @@ class PostprocessStage(Stage[Frame, Frame]):
 
     name = "postprocess"
 
-    def __init__(self, threshold: float = 0.0, fill_holes: bool = False, min_area: int = 0,
-                 rle: bool = True) -> None:
+    def __init__(
+        self, threshold: float = 0.0, fill_holes: bool = False, min_area: int = 0, rle: bool = True
+    ) -> None:
         if not np.isfinite(threshold):
             raise ConfigError(f"postprocess threshold must be a finite number, got {threshold!r}")
         if min_area < 0:
@@ -146,8 +165,15 @@ class PostprocessStage(Stage[Frame, Frame]):
             if self.rle:
                 frame.result.to_rles()
         else:
-            frame.result = postprocess_result(frame.result, frame.height, frame.width, threshold=self.threshold,
-                                              fill_holes=self.fill_holes, min_area=self.min_area, rle=self.rle)
+            frame.result = postprocess_result(
+                frame.result,
+                frame.height,
+                frame.width,
+                threshold=self.threshold,
+                fill_holes=self.fill_holes,
+                min_area=self.min_area,
+                rle=self.rle,
+            )
         self._frames += 1
         return frame
 

@@ -9,7 +9,7 @@ overwritten while the tracker still reads it.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import cv2
 import numpy as np

@@ -16,34 +16,17 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.stage import Stage
-from vostream.pipeline.types import Frame, Prompt, TrackResult
+from vostream.pipeline.types import Control, Frame, Prompt, RemoveObject, ResetTracker, TrackResult
 
 from .trackers.base import Tracker, TrackerSession
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RemoveObject:
-    """Control message: forget object ``obj_id`` from frame ``frame_index`` on."""
-
-    obj_id: int
-    frame_index: int = 0
-
-
-@dataclass(frozen=True)
-class ResetTracker:
-    """Control message: forget every object from frame ``frame_index`` on."""
-
-    frame_index: int = 0
-
-
-Control = Prompt | RemoveObject | ResetTracker
 
 
 @dataclass(order=True)
@@ -69,7 +52,9 @@ class TrackStage(Stage[Frame, Frame]):
         self.applied_prompts = 0
         self.unapplied: list[Any] = []
         self._objects = 0
-        self._backend: dict[str, Any] = {}  # the session's last metrics(), kept after close for the final stats
+        self._backend: dict[
+            str, Any
+        ] = {}  # the session's last metrics(), kept after close for the final stats
         for p in prompts:
             self._schedule(p, injected=False)
 
@@ -131,8 +116,9 @@ class TrackStage(Stage[Frame, Frame]):
         if self._pending:
             self.unapplied = [p.message for p in self._pending]
             last = max(p.frame_index for p in self._pending)
-            logger.warning("%d prompt(s) were never applied: the stream ended before frame %d",
-                           len(self._pending), last)
+            logger.warning(
+                "%d prompt(s) were never applied: the stream ended before frame %d", len(self._pending), last
+            )
             self._pending.clear()
         return ()
 
@@ -167,4 +153,4 @@ class TrackStage(Stage[Frame, Frame]):
         return out
 
 
-__all__ = ["Control", "RemoveObject", "ResetTracker", "TrackStage"]
+__all__ = ["TrackStage"]

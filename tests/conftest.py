@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["skip_guard"]  # under CI, a skip for a missing install fails the run
+
 
 @pytest.fixture(scope="session")
 def sam2_tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:

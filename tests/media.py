@@ -13,10 +13,11 @@ from __future__ import annotations
 import atexit
 import functools
 import shutil
+import subprocess
 import tempfile
+from collections.abc import Iterable, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import av
 import numpy as np
@@ -37,8 +38,9 @@ def media_dir() -> Path:
     return path
 
 
-def square_box(index: int, width: int, height: int, size: int | None = None,
-               step: int = 4) -> tuple[int, int, int, int]:
+def square_box(
+    index: int, width: int, height: int, size: int | None = None, step: int = 4
+) -> tuple[int, int, int, int]:
     """(x0, y0, x1, y1) exclusive box of the moving square on frame ``index``."""
     size = size or max(4, min(width, height) // 4)
     x0 = (8 + index * step) % max(1, width - size)
@@ -63,13 +65,22 @@ def square_frame(index: int, width: int, height: int, size: int | None = None, s
     return image
 
 
-def square_frames(count: int, width: int, height: int, size: int | None = None, step: int = 4) -> list[np.ndarray]:
+def square_frames(
+    count: int, width: int, height: int, size: int | None = None, step: int = 4
+) -> list[np.ndarray]:
     return [square_frame(i, width, height, size, step) for i in range(count)]
 
 
-def make_video(path: str | Path, frames: Iterable[np.ndarray], fps: int = 25, codec: str = "libx264",
-               container: str | None = None, rotate: int | None = None, pix_fmt: str | None = None,
-               options: dict[str, str] | None = None) -> Path:
+def make_video(
+    path: str | Path,
+    frames: Iterable[np.ndarray],
+    fps: int = 25,
+    codec: str = "libx264",
+    container: str | None = None,
+    rotate: int | None = None,
+    pix_fmt: str | None = None,
+    options: dict[str, str] | None = None,
+) -> Path:
     """Encode RGB uint8 ``frames`` into ``path`` with PyAV; ``rotate`` writes display-matrix rotation metadata
     (degrees counter-clockwise, as ffprobe shows it).  The container format follows the suffix unless given.
     Returns ``path``."""
@@ -87,7 +98,8 @@ def make_video(path: str | Path, frames: Iterable[np.ndarray], fps: int = 25, co
         defaults = {"preset": "ultrafast"} if codec == "libx264" else {}
         if defaults or options:
             stream.options = {**defaults, **(options or {})}
-        if rotate:
+        late_rotation = bool(rotate) and not hasattr(stream, "set_display_rotation")  # PyAV < 16
+        if rotate and not late_rotation:
             stream.set_display_rotation(rotate)
         for i, image in enumerate(_chain(first, frames)):
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
@@ -96,6 +108,26 @@ def make_video(path: str | Path, frames: Iterable[np.ndarray], fps: int = 25, co
                 out.mux(packet)
         for packet in stream.encode(None):
             out.mux(packet)
+    if late_rotation:  # the same display matrix, written by ffmpeg's muxer (stream copy)
+        tmp = path.with_name(path.stem + ".unrotated" + path.suffix)
+        path.replace(tmp)
+        subprocess.run(
+            [
+                "ffmpeg",
+                "-v",
+                "error",
+                "-y",
+                "-i",
+                str(tmp),
+                "-c",
+                "copy",
+                "-metadata:s:v:0",
+                f"rotate={rotate % 360}",
+                str(path),
+            ],
+            check=True,
+        )
+        tmp.unlink()
     return path
 
 
@@ -133,8 +165,9 @@ def make_audio(path: str | Path, seconds: float = 0.5, rate: int = 16000) -> Pat
     return path
 
 
-def make_frame_dir(path: str | Path, frames: Sequence[np.ndarray], ext: str = ".jpg",
-                   names: Sequence[str] | None = None) -> Path:
+def make_frame_dir(
+    path: str | Path, frames: Sequence[np.ndarray], ext: str = ".jpg", names: Sequence[str] | None = None
+) -> Path:
     """Write ``frames`` as images (``00000.jpg`` ... or the given ``names``) into directory ``path``."""
     from PIL import Image
 
@@ -142,8 +175,9 @@ def make_frame_dir(path: str | Path, frames: Sequence[np.ndarray], ext: str = ".
     path.mkdir(parents=True, exist_ok=True)
     for i, image in enumerate(frames):
         name = names[i] if names is not None else f"{i:05d}{ext}"
-        Image.fromarray(image).save(path / name, quality=95) if name.lower().endswith((".jpg", ".jpeg")) \
-            else Image.fromarray(image).save(path / name)
+        Image.fromarray(image).save(path / name, quality=95) if name.lower().endswith(
+            (".jpg", ".jpeg")
+        ) else Image.fromarray(image).save(path / name)
     return path
 
 
@@ -156,20 +190,32 @@ def copy_to(src: str | Path, dst_dir: str | Path, name: str | None = None) -> Pa
 
 # -- cached clips ----------------------------------------------------------------------------------------------
 
+
 @functools.cache
-def moving_square_clip(ext: str = ".mp4", codec: str = "libx264", count: int = 24, width: int = 96,
-                       height: int = 64, fps: int = 25, rotate: int | None = None) -> Path:
+def moving_square_clip(
+    ext: str = ".mp4",
+    codec: str = "libx264",
+    count: int = 24,
+    width: int = 96,
+    height: int = 64,
+    fps: int = 25,
+    rotate: int | None = None,
+) -> Path:
     """A cached clip of the moving-square scene (see :func:`square_frame`)."""
     name = f"square-{codec}-{count}x{width}x{height}-{fps}-r{rotate or 0}{ext}"
-    return make_video(media_dir() / name, square_frames(count, width, height), fps=fps, codec=codec,
-                      rotate=rotate)
+    return make_video(
+        media_dir() / name, square_frames(count, width, height), fps=fps, codec=codec, rotate=rotate
+    )
 
 
 @functools.cache
 def moving_square_dir(ext: str = ".jpg", count: int = 6, width: int = 64, height: int = 48) -> Path:
     """A cached DAVIS-style frames directory of the moving-square scene."""
-    return make_frame_dir(media_dir() / f"frames-{ext.strip('.')}-{count}x{width}x{height}",
-                          square_frames(count, width, height), ext=ext)
+    return make_frame_dir(
+        media_dir() / f"frames-{ext.strip('.')}-{count}x{width}x{height}",
+        square_frames(count, width, height),
+        ext=ext,
+    )
 
 
 @functools.cache

@@ -22,8 +22,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 #: Debian's interpreter: the only one with python3-gi
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -33,11 +33,20 @@ def server_available() -> str | None:
     """None when GStreamer's RTSP server can run here, else what is missing (for a skip message)."""
     if not os.path.exists(SYSTEM_PYTHON):
         return f"{SYSTEM_PYTHON} not found"
-    check = subprocess.run([SYSTEM_PYTHON, "-c", "import gi; gi.require_version('GstRtspServer', '1.0'); "
-                            "from gi.repository import GstRtspServer"], capture_output=True, text=True)
+    check = subprocess.run(
+        [
+            SYSTEM_PYTHON,
+            "-c",
+            "import gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import GstRtspServer",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if check.returncode:
-        return ("GStreamer RTSP server not installed (apt-get install gir1.2-gst-rtsp-server-1.0 python3-gi "
-                "gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly)")
+        return (
+            "GStreamer RTSP server not installed (apt-get install gir1.2-gst-rtsp-server-1.0 python3-gi "
+            "gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly)"
+        )
     return None
 
 
@@ -63,9 +72,12 @@ class RtspServer:
         port = self.port if port is None else port
         deadline = time.monotonic() + timeout
         while True:
-            self.proc = subprocess.Popen([SYSTEM_PYTHON, __file__, "--file", self.clip, "--port", str(port),
-                                          "--path", self.path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         text=True)
+            self.proc = subprocess.Popen(
+                [SYSTEM_PYTHON, __file__, "--file", self.clip, "--port", str(port), "--path", self.path],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             assert self.proc.stdout is not None
             line = self.proc.stdout.readline().strip()
             if line.startswith("READY"):
@@ -133,8 +145,10 @@ def main() -> int:
     server = GstRtspServer.RTSPServer()
     server.set_address("127.0.0.1")
     server.set_service(str(args.port))
-    launch = (f'( filesrc location="{args.file}" ! qtdemux ! h264parse ! '
-              f'rtph264pay name=pay0 pt=96 config-interval=1 )')
+    launch = (
+        f'( filesrc location="{args.file}" ! qtdemux ! h264parse ! '
+        f"rtph264pay name=pay0 pt=96 config-interval=1 )"
+    )
     factory = GstRtspServer.RTSPMediaFactory()
     factory.set_launch(launch)
     factory.set_shared(False)

@@ -1,4 +1,4 @@
-"""The ``acl`` backend (``AclRuntime`` + ``AclTracker``) on the fake pyACL (``acl_fake``): parity with the ``onnx``
+"""The ``acl`` backend (``AclRuntime`` + ``AclTracker``) on the fake pyACL (``tests/fake_acl.py``): parity with the ``onnx``
 backend, transfer accounting from the fake's own counters, context/thread rules and teardown, ACL error mapping
 (also through a real track pipeline), the device-memory plan, and load-time checks.
 
@@ -26,17 +26,13 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
+import fake_acl as fake
 import sam2_reference as ref
+
 from vostream.pipeline.errors import BackendError, ConfigError, StageError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
-from vostream.stages.trackers.sam2 import OnnxTracker
-from vostream.stages.trackers.sam2 import acl_fake as fake
-from vostream.stages.trackers.sam2.backends.acl import (
-    RESERVE_BYTES,
-    AclRuntime,
-    AclTracker,
-    atc_dynamic_options,
-)
+from vostream.stages.trackers.sam2 import AclTracker, OnnxTracker
+from vostream.stages.trackers.sam2.backends.acl import RESERVE_BYTES, AclRuntime, atc_dynamic_options
 from vostream.stages.trackers.sam2.manifest import Manifest, load_manifest
 from vostream.stages.trackers.sam2.session import MAX_POINTS
 
@@ -97,8 +93,12 @@ def _step(session: Any, i: int, img: np.ndarray, x: np.ndarray) -> TrackResult:
     return session.step(frame)
 
 
-def _track(tracker: Any, frames: list[np.ndarray], tensors: list[np.ndarray],
-           schedule: dict[int, list[ref.PromptSpec]]) -> list[TrackResult]:
+def _track(
+    tracker: Any,
+    frames: list[np.ndarray],
+    tensors: list[np.ndarray],
+    schedule: dict[int, list[ref.PromptSpec]],
+) -> list[TrackResult]:
     session = tracker.new_session()
     out = []
     try:
@@ -191,8 +191,12 @@ def test_per_frame_transfers_and_resident_bank(acl: types.ModuleType, om_dir: Pa
 
     frames, tensors, size = _video(14)
     c0 = ref.shape_center(0, size, "disk")
-    schedule = {0: [ref.PromptSpec(1, points=[c0, (10.0, 118.0)], labels=[1, 0]),
-                    ref.PromptSpec(2, box=ref.shape_box(0, size, "rect"))]}
+    schedule = {
+        0: [
+            ref.PromptSpec(1, points=[c0, (10.0, 118.0)], labels=[1, 0]),
+            ref.PromptSpec(2, box=ref.shape_box(0, size, "rect")),
+        ]
+    }
     tracker = AclTracker(om_dir)
     runtime = tracker.runtime
     assert isinstance(runtime, AclRuntime)
@@ -307,7 +311,9 @@ def test_alloc_is_zeroed_despite_fresh_device_memory_being_garbage(acl: types.Mo
         assert not runtime.download(buf).any()  # the fake fills fresh malloc memory with 0xFF (NaN)
         view = runtime.view(buf, 5, (5,))
         runtime.upload(view, np.ones(5, np.float32))
-        np.testing.assert_array_equal(runtime.download(buf), np.array([[0] * 5, [1] * 5, [0] * 5], np.float32))
+        np.testing.assert_array_equal(
+            runtime.download(buf), np.array([[0] * 5, [1] * 5, [0] * 5], np.float32)
+        )
         with pytest.raises(BackendError, match="does not match buffer"):
             runtime.upload(view, np.ones(4, np.float32))
     fake.assert_no_leaks()
@@ -318,17 +324,23 @@ def test_alloc_is_zeroed_despite_fresh_device_memory_being_garbage(acl: types.Mo
 # ------------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("code, at_sync, call, words", [
-    (507011, False, "acl.mdl.execute_async", ("ACL_ERROR_RT_MODEL_EXECUTE", "model execution failed")),
-    (207001, True, "acl.rt.synchronize_stream", ("ACL_ERROR_RT_MEMORY_ALLOCATION", "out of HBM")),
-])
-def test_execute_failures_name_call_code_and_meaning(acl: types.ModuleType, om_dir: Path, code: int,
-                                                     at_sync: bool, call: str, words: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "code, at_sync, call, words",
+    [
+        (507011, False, "acl.mdl.execute_async", ("ACL_ERROR_RT_MODEL_EXECUTE", "model execution failed")),
+        (207001, True, "acl.rt.synchronize_stream", ("ACL_ERROR_RT_MEMORY_ALLOCATION", "out of HBM")),
+    ],
+)
+def test_execute_failures_name_call_code_and_meaning(
+    acl: types.ModuleType, om_dir: Path, code: int, at_sync: bool, call: str, words: tuple[str, ...]
+) -> None:
     frames, tensors, size = _video(4)
     tracker = AclTracker(om_dir)
     session = tracker.new_session()
     try:
-        session.add_prompt(_prompt(ref.PromptSpec(1, points=[ref.shape_center(0, size, "disk")], labels=[1]), 0))
+        session.add_prompt(
+            _prompt(ref.PromptSpec(1, points=[ref.shape_center(0, size, "disk")], labels=[1]), 0)
+        )
         _step(session, 0, frames[0], tensors[0])
         _step(session, 1, frames[1], tensors[1])
         fake.inject("mdl.execute_async", code, after=2, at_sync=at_sync)  # the decoder of frame 2
@@ -344,10 +356,12 @@ def test_execute_failures_name_call_code_and_meaning(acl: types.ModuleType, om_d
     fake.assert_no_leaks()  # a failed execution does not break the teardown
 
 
-def test_pipeline_stops_on_device_error_and_closes_outputs(acl: types.ModuleType, om_dir: Path,
-                                                           tmp_path: Path) -> None:
+def test_pipeline_stops_on_device_error_and_closes_outputs(
+    acl: types.ModuleType, om_dir: Path, tmp_path: Path
+) -> None:
     import av
     from media import make_video, square_frames, square_mask
+
     from vostream.pipeline.apps.config import TrackSettings
     from vostream.pipeline.apps.track import build_track_pipeline
 
@@ -355,9 +369,15 @@ def test_pipeline_stops_on_device_error_and_closes_outputs(acl: types.ModuleType
     video = make_video(tmp_path / "clip.mp4", square_frames(n, w, h, step=2), fps=25)
     ys, xs = np.nonzero(square_mask(0, w, h, step=2))
     out = tmp_path / "out"
-    settings = TrackSettings(source=str(video), out=str(out), save=("video", "png", "json"), backend="acl",
-                             model=str(om_dir), prompts=[Prompt(1, 0, [[float(xs.mean()), float(ys.mean())]], [1])],
-                             queue_size=2)
+    settings = TrackSettings(
+        source=str(video),
+        out=str(out),
+        save=("video", "png", "json"),
+        backend="acl",
+        model=str(om_dir),
+        prompts=[Prompt(1, 0, [[float(xs.mean()), float(ys.mean())]], [1])],
+        queue_size=2,
+    )
     tracker = AclTracker(om_dir)
     try:
         # frame 0 (prompted): image encoder, decoder, memory encoder; frames 1-4: four graphs each -> frame 5's
@@ -370,7 +390,11 @@ def test_pipeline_stops_on_device_error_and_closes_outputs(acl: types.ModuleType
         exc = err.value
         assert isinstance(exc, BackendError), f"expected the runtime's BackendError, got {exc!r}"
         assert any("stage 'track'" in note for note in getattr(exc, "__notes__", ())), exc
-        assert "507011" in str(exc) and "acl.mdl.execute_async" in str(exc) and "run('image_encoder')" in str(exc)
+        assert (
+            "507011" in str(exc)
+            and "acl.mdl.execute_async" in str(exc)
+            and "run('image_encoder')" in str(exc)
+        )
     finally:
         tracker.close()
     fake.assert_no_leaks()
@@ -383,18 +407,33 @@ def test_pipeline_stops_on_device_error_and_closes_outputs(acl: types.ModuleType
     assert not list(out.rglob("*.tmp")) and not list(out.rglob(".*.tmp*"))
 
 
-def test_cli_names_the_stage_of_a_device_error(acl: types.ModuleType, om_dir: Path, tmp_path: Path,
-                                               capfd: pytest.CaptureFixture) -> None:
+def test_cli_names_the_stage_of_a_device_error(
+    acl: types.ModuleType, om_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
     """What a user sees when the device fails mid-run: one line with the ACL call, the code and the stage."""
     from media import make_video, square_frames, square_mask
+
     from vostream.pipeline.apps.cli import main
 
     w, h, n = 96, 64, 12
     video = make_video(tmp_path / "clip.mp4", square_frames(n, w, h, step=2), fps=25)
     ys, xs = np.nonzero(square_mask(0, w, h, step=2))
     fake.inject("mdl.execute_async", 507011, after=3 + 4 * 4)
-    rc = main(["track", str(video), "--backend", "acl", "--model", str(om_dir), "--point",
-               f"{xs.mean():.0f},{ys.mean():.0f}", "--out", str(tmp_path / "out"), "--quiet"])
+    rc = main(
+        [
+            "track",
+            str(video),
+            "--backend",
+            "acl",
+            "--model",
+            str(om_dir),
+            "--point",
+            f"{xs.mean():.0f},{ys.mean():.0f}",
+            "--out",
+            str(tmp_path / "out"),
+            "--quiet",
+        ]
+    )
     out, err = capfd.readouterr()
     assert rc == BackendError.exit_code, err
     errors = [line for line in err.splitlines() if line.startswith("vostream: error:")]
@@ -451,8 +490,9 @@ def test_atc_options_for_the_decoder(om_dir: Path) -> None:
     assert atc_dynamic_options(m.graphs["image_encoder"]) == {}
 
 
-def test_more_points_than_gears_is_a_clear_error(acl: types.ModuleType, om_dir: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_more_points_than_gears_is_a_clear_error(
+    acl: types.ModuleType, om_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The runtime's own guard, behind the session's up-front check (switched off here to reach it)."""
     frames, tensors, _ = _video(1)
     monkeypatch.setattr(AclRuntime, "max_points", property(lambda self: None))
@@ -462,7 +502,9 @@ def test_more_points_than_gears_is_a_clear_error(acl: types.ModuleType, om_dir: 
         assert MAX_POINTS > 9
         pts = np.array([[20.0 + 5 * i, 30.0] for i in range(9)], np.float32)
         session.add_prompt(Prompt(1, 0, pts, np.ones(9, np.int32)))
-        with pytest.raises(BackendError, match=r"K=9 is not a compiled gear .*K in \[1, 2, 3, 4, 5, 6, 7, 8\]"):
+        with pytest.raises(
+            BackendError, match=r"K=9 is not a compiled gear .*K in \[1, 2, 3, 4, 5, 6, 7, 8\]"
+        ):
             _step(session, 0, frames[0], tensors[0])
     finally:
         session.close()
@@ -482,7 +524,9 @@ def test_misaligned_model_io_is_refused_by_name(acl: types.ModuleType, om_dir: P
         runtime.run("image_encoder", {"image": image}, outputs)
         assert runtime.stats.runs["image_encoder"] == 1
         shifted = runtime.view(big, 1, (1, 3, m.image_size, m.image_size))  # 4 bytes in
-        with pytest.raises(BackendError, match=r"input 'image' .*staging at byte offset 4.*not 64-byte aligned"):
+        with pytest.raises(
+            BackendError, match=r"input 'image' .*staging at byte offset 4.*not 64-byte aligned"
+        ):
             runtime.run("image_encoder", {"image": shifted}, outputs)
         assert runtime.repoints["image_encoder"] == 0  # nothing was re-pointed for the refused run
     fake.assert_no_leaks()
@@ -497,7 +541,9 @@ def test_load_checks_against_the_manifest(acl: types.ModuleType, om_dir: Path, t
     has_mask = next(t for t in manifest["graphs"]["decoder"]["inputs"] if t["name"] == "has_mask")
     has_mask["dtype"] = "int32"
     (bad / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(BackendError, match=r"graph 'decoder'.*input 'has_mask' dtype: manifest int32, model float32"):
+    with pytest.raises(
+        BackendError, match=r"graph 'decoder'.*input 'has_mask' dtype: manifest int32, model float32"
+    ):
         AclTracker(bad)
     fake.assert_no_leaks()  # the graphs loaded before the bad one were unloaded again
 
@@ -508,8 +554,9 @@ def test_load_checks_against_the_manifest(acl: types.ModuleType, om_dir: Path, t
     fake.assert_no_leaks()
 
 
-def test_decoder_without_gears_fails_to_load_with_the_acl_code(acl: types.ModuleType, om_dir: Path,
-                                                               tmp_path: Path) -> None:
+def test_decoder_without_gears_fails_to_load_with_the_acl_code(
+    acl: types.ModuleType, om_dir: Path, tmp_path: Path
+) -> None:
     plain = tmp_path / "plain"
     shutil.copytree(om_dir, plain)
     _register_gears(plain, decoder=False)  # a decoder .om with an unresolved K
@@ -522,23 +569,31 @@ def test_decoder_without_gears_fails_to_load_with_the_acl_code(acl: types.Module
 
 
 def test_missing_pyacl_says_where_it_comes_from(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("VOSTREAM_FAKE_ACL", raising=False)
     monkeypatch.setitem(sys.modules, "acl", None)  # import acl -> ImportError
-    with pytest.raises(BackendError, match=r"CANN toolkit.*VOSTREAM_FAKE_ACL=1"):
+    with pytest.raises(
+        BackendError, match=r"pyACL.*not importable.*CANN toolkit.*not installed.*set_env\.sh"
+    ):
         AclRuntime()
+    with pytest.raises(BackendError, match=r"CANN toolkit"):
+        AclRuntime(acl=None)  # None means: import the real pyACL
 
 
-def test_env_var_installs_the_fake(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VOSTREAM_FAKE_ACL", "1")
-    fake.reset()
+def test_injected_module_is_used_without_importing_acl(monkeypatch: pytest.MonkeyPatch, om_dir: Path) -> None:
+    """``acl=`` is what the runtime drives: no ``import acl`` happens (here it would fail), and the tracker factory
+    passes it through."""
+    monkeypatch.setitem(sys.modules, "acl", None)
+    fake.reset(ort_threads=1)
     try:
-        runtime = AclRuntime()
-        assert runtime.is_fake and sys.modules["acl"] is fake.module()
-        assert "fake acl" in runtime.describe()
+        runtime = AclRuntime(acl=fake.module())
+        assert runtime.acl is fake.module() and runtime.is_fake and "fake acl" in runtime.describe()
         runtime.close()
         fake.assert_no_leaks()
+        _register_gears(om_dir)
+        tracker = AclTracker(om_dir, acl=fake.module())
+        assert tracker.runtime.acl is fake.module() and fake.stats().mallocs > 0
+        tracker.close()
+        fake.assert_no_leaks()
     finally:
-        fake.uninstall()
         fake.reset()
 
 
@@ -562,7 +617,9 @@ def test_prompt_limits_of_the_device_build_are_checked_up_front(acl: types.Modul
     session = tracker.new_session()
     with pytest.raises(PromptError, match="at most 8 points"):
         session.add_prompt(Prompt(1, 0, [[4, 4]] * 9, [1] * 9))
-    session.add_prompt(Prompt(1, 0, [[4, 4]] * 6, [1] * 6, box=(2, 2, 30, 30)))  # 6 clicks + 2 corners = 8: fine
+    session.add_prompt(
+        Prompt(1, 0, [[4, 4]] * 6, [1] * 6, box=(2, 2, 30, 30))
+    )  # 6 clicks + 2 corners = 8: fine
     session.add_prompt(Prompt(2, 0, [[40, 40]], [1]))
     with pytest.raises(PromptError, match="max_objects=2"):
         session.add_prompt(Prompt(3, 0, [[60, 60]], [1]))

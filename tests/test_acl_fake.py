@@ -1,9 +1,10 @@
-"""The fake pyACL (``vostream.stages.trackers.sam2.acl_fake``): the §9 checklist of shared/reference/ascend-acl.md,
+"""The fake pyACL (``tests/fake_acl.py``): the §9 checklist of shared/reference/ascend-acl.md,
 end-to-end runs of tiny ONNX "om" models through datasets and streams, thread/context rules, leaks, injected faults
 and transfer accounting."""
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 import time
@@ -17,8 +18,8 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
+import fake_acl as fake
 from onnx import TensorProto, helper, numpy_helper
-from vostream.stages.trackers.sam2 import acl_fake as fake
 
 H2D, D2H, D2D, H2H, DEFAULT = 1, 2, 3, 0, 4
 HBM = 1
@@ -82,12 +83,16 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
     two = np.array([2.0], np.float32)
     g = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["doubled"]),
-         helper.make_node("ArgMax", ["x"], ["best"], axis=1, keepdims=1)],
+        [
+            helper.make_node("Mul", ["x", "two"], ["doubled"]),
+            helper.make_node("ArgMax", ["x"], ["best"], axis=1, keepdims=1),
+        ],
         "two_outputs",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-        [helper.make_tensor_value_info("doubled", TensorProto.FLOAT, [1, 8]),
-         helper.make_tensor_value_info("best", TensorProto.INT64, [1, 1])],
+        [
+            helper.make_tensor_value_info("doubled", TensorProto.FLOAT, [1, 8]),
+            helper.make_tensor_value_info("best", TensorProto.INT64, [1, 1]),
+        ],
         [numpy_helper.from_array(two, "two")],
     )
     out["two"] = _save(helper.make_model(g, opset_imports=opset), d / "two.om")
@@ -101,7 +106,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         [numpy_helper.from_array(one, "one")],
     )
     dyn = helper.make_model(g, opset_imports=opset)
-    out["dyn_batch"] = _save(dyn, d / "dyn_batch.om", {"acl_fake.dynamic_batch_size": "1,2,4"})
+    out["dyn_batch"] = _save(dyn, d / "dyn_batch.om", {"fake_acl.dynamic_batch_size": "1,2,4"})
     out["dyn_none"] = _save(helper.make_model(g, opset_imports=opset), d / "dyn_none.om")
     out["dyn_dims"] = _save(helper.make_model(g, opset_imports=opset), d / "dyn_dims.om")
 
@@ -111,14 +116,28 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def h2d(acl: types.ModuleType, ptr: int, array: np.ndarray) -> None:
-    data = np.ascontiguousarray(array).tobytes()
-    assert acl.rt.memcpy(ptr, len(data), acl.util.bytes_to_ptr(data), len(data), H2D) == 0
+    """Host -> device from a NumPy array's address, as ``AclRuntime.upload`` does."""
+    data = np.ascontiguousarray(array)
+    assert acl.rt.memcpy(ptr, data.nbytes, data.ctypes.data, data.nbytes, H2D) == 0
 
 
 def d2h(acl: types.ModuleType, ptr: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    out = bytes(int(np.prod(shape)) * np.dtype(dtype).itemsize)
-    assert acl.rt.memcpy(acl.util.bytes_to_ptr(out), len(out), ptr, len(out), D2H) == 0
-    return np.frombuffer(out, dtype).reshape(shape)
+    """Device -> host into a fresh NumPy array's address, as ``AclRuntime.download`` does."""
+    out = np.empty(shape, dtype)
+    assert acl.rt.memcpy(out.ctypes.data, out.nbytes, ptr, out.nbytes, D2H) == 0
+    return out
+
+
+def addr(data: bytes | bytearray) -> int:
+    """The address of a bytes object's buffer (writable in place, as host memory is to pyACL)."""
+    if isinstance(data, bytearray):
+        return ctypes.addressof(ctypes.c_char.from_buffer(data))
+    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
+
+
+def run(acl: types.ModuleType, stream: int, model_id: int, ins: int, outs: int) -> int:
+    """``execute_async`` + ``synchronize_stream`` (what AclRuntime.run does): the first non-zero code."""
+    return acl.mdl.execute_async(model_id, ins, outs, stream) or acl.rt.synchronize_stream(stream)
 
 
 def dataset(acl: types.ModuleType, *buffers: tuple[int, int]) -> tuple[int, list[int]]:
@@ -139,8 +158,10 @@ def load(acl: types.ModuleType, path: str) -> tuple[int, int]:
     assert acl.mdl.get_desc(desc, model_id) == 0
     return model_id, desc
 
-def linear_io(acl: types.ModuleType, models: dict[str, str], fill: float = 0.0
-              ) -> tuple[int, int, int, int, int, int]:
+
+def linear_io(
+    acl: types.ModuleType, models: dict[str, str], fill: float = 0.0
+) -> tuple[int, int, int, int, int, int]:
     """The ``linear`` model loaded, its input ``x`` (2x4 float32, set to ``fill``) and output ``y`` on the device,
     each in a dataset: ``(model_id, desc, x, y, ins, outs)``."""
     model_id, desc = load(acl, models["linear"])
@@ -150,7 +171,6 @@ def linear_io(acl: types.ModuleType, models: dict[str, str], fill: float = 0.0
     ins, _ = dataset(acl, (x, 32))
     outs, _ = dataset(acl, (y, 24))
     return model_id, desc, x, y, ins, outs
-
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -164,8 +184,18 @@ def test_module_surface_install_and_guesses(acl: types.ModuleType) -> None:
     assert imported is acl and sys.modules["acl.rt"] is acl.rt and sys.modules["acl.mdl"] is acl.mdl
     for name in ("rt", "mdl", "util", "op", "media", "blas", "prof", "himpi", "fv"):
         assert isinstance(getattr(acl, name), types.ModuleType)
-    for name in ("bytes_to_ptr", "ptr_to_bytes", "numpy_to_ptr", "numpy_contiguous_to_ptr", "ptr_to_numpy"):
-        assert name in dir(acl.util)
+    assert len(fake.api_names()) == 45  # the calls AclRuntime and vostream doctor make, nothing else
+    for name in (
+        "rt.malloc",
+        "rt.memcpy",
+        "mdl.execute_async",
+        "mdl.set_input_dynamic_dims",
+        "update_data_buffer",
+    ):
+        assert name in fake.api_names()
+    assert not hasattr(acl.mdl, "execute") and not hasattr(
+        acl.rt, "memcpy_async"
+    )  # never used by the product
     assert not [n for n in dir(acl) if n.startswith("ACL_")], "the real module defines no constants"
     assert fake.__test__ is False
     assert len(fake.GUESSES) >= 10 and all(g in (fake.__doc__ or "") for g in fake.GUESSES)
@@ -194,15 +224,12 @@ def test_device_pointers_are_private_ints_with_interior_offsets(dev: Any) -> Non
     acl, ctx, stream = dev
     ptr, ret = acl.rt.malloc(256, 2)
     host = np.zeros(4, np.float32)
-    with pytest.warns(Warning):
-        host_ptr = acl.util.numpy_to_ptr(host)
+    host_ptr = host.ctypes.data
     assert ret == 0 and all(type(h) is int for h in (ptr, ctx, stream, host_ptr))
     assert ptr % 64 == 0 and ptr != host_ptr and fake._DEV_BASE <= ptr < fake._DEV_LIMIT
     assert not fake._DEV_BASE <= host_ptr < fake._DEV_LIMIT
     h2d(acl, ptr + 64, np.array([1, 2, 3, 4], np.float32))  # interior offset
     np.testing.assert_array_equal(d2h(acl, ptr + 68, (3,), np.float32), [2, 3, 4])
-    with pytest.raises(ValueError, match="device pointer"):
-        acl.util.ptr_to_bytes(ptr, 4)
 
 
 def test_malloc_rounding_poison_and_bounds(dev: Any) -> None:
@@ -211,17 +238,17 @@ def test_malloc_rounding_poison_and_bounds(dev: Any) -> None:
     assert ret == 0 and free0 == total
     ptr, _ = acl.rt.malloc(100, 0)
     assert acl.rt.get_mem_info(HBM)[0] == free0 - 160  # ALIGN_UP(100, 32) + 32
-    p32, _ = acl.rt.malloc_align32(100, 0)
-    assert acl.rt.get_mem_info(HBM)[0] == free0 - 160 - 128
+    p32, _ = acl.rt.malloc(100, 2)
+    assert acl.rt.get_mem_info(HBM)[0] == free0 - 160 - 160
     assert fake.peek(ptr, 100) == b"\xff" * 100  # not zeroed
     assert acl.rt.malloc(0, 0) == (0, fake.ACL_ERROR_INVALID_PARAM)
     one = bytes(1)
-    assert acl.rt.memcpy(ptr + 99, 1, acl.util.bytes_to_ptr(one), 1, H2D) == 0
-    assert acl.rt.memcpy(ptr + 100, 1, acl.util.bytes_to_ptr(one), 1, H2D) == fake.ACL_ERROR_RT_PARAM_INVALID
+    assert acl.rt.memcpy(ptr + 99, 1, addr(one), 1, H2D) == 0
+    assert acl.rt.memcpy(ptr + 100, 1, addr(one), 1, H2D) == fake.ACL_ERROR_RT_PARAM_INVALID
     assert "overruns" in acl.get_recent_err_msg()
     fake.configure(strict_bounds=False)  # padded size, as the hardware would allow
-    assert acl.rt.memcpy(ptr + 159, 1, acl.util.bytes_to_ptr(one), 1, H2D) == 0
-    assert acl.rt.memcpy(ptr + 160, 1, acl.util.bytes_to_ptr(one), 1, H2D) == fake.ACL_ERROR_RT_PARAM_INVALID
+    assert acl.rt.memcpy(ptr + 159, 1, addr(one), 1, H2D) == 0
+    assert acl.rt.memcpy(ptr + 160, 1, addr(one), 1, H2D) == fake.ACL_ERROR_RT_PARAM_INVALID
     assert acl.rt.free(p32) == 0 and acl.rt.free(ptr) == 0
 
 
@@ -234,7 +261,7 @@ def test_free_errors_and_use_after_free(dev: Any) -> None:
     assert acl.rt.free(ptr) == 0
     assert acl.rt.free(ptr) == fake.ACL_ERROR_RT_PARAM_INVALID
     assert "double free" in acl.get_recent_err_msg()
-    assert acl.rt.memcpy(acl.util.bytes_to_ptr(buf), 64, ptr, 64, D2H) == fake.ACL_ERROR_RT_PARAM_INVALID
+    assert acl.rt.memcpy(addr(buf), 64, ptr, 64, D2H) == fake.ACL_ERROR_RT_PARAM_INVALID
     assert "already freed" in acl.get_recent_err_msg()
     assert acl.rt.free(0) == fake.ACL_ERROR_INVALID_PARAM
     assert acl.rt.memset(ptr, 64, 0, 64) == fake.ACL_ERROR_RT_PARAM_INVALID
@@ -245,7 +272,7 @@ def test_memcpy_kinds_and_limits(dev: Any) -> None:
     a, _ = acl.rt.malloc(64, 0)
     b, _ = acl.rt.malloc(64, 0)
     src = np.arange(16, dtype=np.float32).tobytes()
-    host = acl.util.bytes_to_ptr(src)
+    host = addr(src)
     assert acl.rt.memcpy(host, 64, a, 64, H2D) == fake.ACL_ERROR_RT_PARAM_INVALID  # dst is host memory
     assert "HOST_TO_DEVICE" in acl.get_recent_err_msg()
     assert acl.rt.memcpy(a, 32, host, 64, H2D) == fake.ACL_ERROR_INVALID_PARAM  # count > dst_max
@@ -257,34 +284,6 @@ def test_memcpy_kinds_and_limits(dev: Any) -> None:
     ds = acl.mdl.create_dataset()
     assert acl.rt.memcpy(ds, 64, host, 64, H2D) == fake.ACL_ERROR_RT_PARAM_INVALID  # a handle is not memory
     assert "Dataset handle" in acl.get_recent_err_msg()
-
-
-def test_host_pointers_are_writable_in_place(dev: Any) -> None:
-    acl, _, _ = dev
-    ptr, _ = acl.rt.malloc(16, 0)
-    h2d(acl, ptr, np.array([1.5, 2.5, 3.5, 4.5], np.float32))
-    target = bytes(16)  # immutable bytes written through bytes_to_ptr, as ACLLite does
-    assert acl.rt.memcpy(acl.util.bytes_to_ptr(target), 16, ptr, 16, D2H) == 0
-    np.testing.assert_array_equal(np.frombuffer(target, np.float32), [1.5, 2.5, 3.5, 4.5])
-    arr = np.zeros(4, np.float32)
-    with pytest.warns(Warning, match="deprecated"):
-        arr_ptr = acl.util.numpy_to_ptr(arr)
-    assert acl.rt.memcpy(arr_ptr, 16, ptr, 16, D2H) == 0
-    np.testing.assert_array_equal(arr, [1.5, 2.5, 3.5, 4.5])
-    with pytest.warns(Warning):
-        view = acl.util.ptr_to_numpy(arr_ptr, (2, 2), 11)  # NPY_FLOAT32
-    view[0, 0] = 9.0
-    assert arr[0] == 9.0 and acl.util.ptr_to_bytes(arr_ptr, 4) == np.float32(9.0).tobytes()
-    with pytest.warns(Warning), pytest.raises(ValueError):
-        acl.util.ptr_to_numpy(arr_ptr, [2, 2], 11)  # shape must be a tuple
-    with pytest.raises(ValueError, match="byte"):
-        acl.util.bytes_to_ptr(bytearray(4))
-    with pytest.warns(Warning), pytest.raises(ValueError, match="ndarray"):
-        acl.util.numpy_to_ptr([1, 2])
-    strided = np.arange(8, dtype=np.float32)[::2]
-    with pytest.warns(Warning):
-        cptr, contiguous = acl.util.numpy_contiguous_to_ptr(strided)
-    assert contiguous.flags.c_contiguous and acl.util.ptr_to_bytes(cptr, 16) == strided.tobytes()
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -302,10 +301,10 @@ def test_host_pointers_are_writable_in_place(dev: Any) -> None:
         lambda a: a.rt.set_device(0.0),
         lambda a: a.rt.memcpy(1, 2, 3, 4),
         lambda a: a.mdl.load_from_file(123),
-        lambda a: a.mdl.execute(1, 2),
+        lambda a: a.mdl.execute_async(1, 2, 3),
         lambda a: a.create_data_buffer(1.0, 2),
-        lambda a: a.util.ptr_to_bytes(None, 1),
-        lambda a: a.rt.launch_callback("not callable", None, 0, 0),
+        lambda a: a.update_data_buffer(1, None, 2),
+        lambda a: a.mdl.set_input_dynamic_dims(1, 2, 3),
     ],
 )
 def test_bad_argument_types_raise_type_error(acl: types.ModuleType, call: Any) -> None:
@@ -320,7 +319,8 @@ def test_argument_parse_message_and_int_conversions(acl: types.ModuleType) -> No
         acl.mdl.load_from_file(None)
     acl.init()
     assert acl.rt.set_device(np.int32(0)) == 0  # 'i' takes anything with __index__
-    assert acl.create_data_buffer(-1, 8) != 0 and acl.get_data_buffer_addr(acl.create_data_buffer(-1, 8)) == 2**64 - 1
+    buf = acl.create_data_buffer(-1, 8)  # 'k': no overflow check, the value wraps to uintptr_t
+    assert buf != 0 and fake._STATE.objects[buf].addr == 2**64 - 1
 
 
 def test_init_finalize_and_uninitialised_calls(acl: types.ModuleType) -> None:
@@ -351,13 +351,6 @@ def test_recent_error_message_is_per_thread_and_cleared(dev: Any) -> None:
     assert seen == [None] and acl.get_recent_err_msg() is not None
 
 
-def test_data_type_size_and_float16(acl: types.ModuleType) -> None:
-    assert [acl.data_type_size(t) for t in (0, 1, 3, 9, 12, 27, -1)] == [4, 2, 4, 8, 1, 2, 0]
-    assert acl.float_to_float16(1.0) == 0x3C00 and acl.float16_to_float(0x3C00) == 1.0
-    assert acl.float_to_float16(float("nan")) == 0x7BFF  # saturating
-    assert acl.float16_to_float(0x7C00) == 65536.0
-
-
 # ------------------------------------------------------------------------------------------------------------------
 # §9: contexts per thread, stream / model ownership
 # ------------------------------------------------------------------------------------------------------------------
@@ -369,7 +362,6 @@ def test_second_thread_needs_set_context(dev: Any) -> None:
     results: dict[str, object] = {}
 
     def worker() -> None:
-        results["get_context"] = acl.rt.get_context()
         results["malloc"] = acl.rt.malloc(64, 0)
         results["create_stream"] = acl.rt.create_stream()
         results["sync"] = acl.rt.synchronize_stream(stream)
@@ -382,12 +374,10 @@ def test_second_thread_needs_set_context(dev: Any) -> None:
     t.start()
     t.join()
     null = fake.ACL_ERROR_RT_CONTEXT_NULL
-    assert results["get_context"] == (0, null)
     assert results["malloc"] == (0, null) and results["create_stream"] == (0, null)
     assert results["sync"] == null and results["memset"] == null
     assert results["set_context"] == 0 and results["after"] == 0 and results["sync_after"] == 0
     assert fake.peek(ptr, 4) == b"\x01" * 4
-    assert acl.rt.get_context() == (ctx, 0)  # the main thread is unaffected
 
 
 def test_stream_and_model_must_belong_to_the_current_context(dev: Any, models: dict[str, str]) -> None:
@@ -401,7 +391,6 @@ def test_stream_and_model_must_belong_to_the_current_context(dev: Any, models: d
     stream_b, _ = acl.rt.create_stream()
     assert acl.rt.synchronize_stream(stream_a) == fake.ACL_ERROR_RT_STREAM_CONTEXT
     assert acl.rt.destroy_stream(stream_a) == fake.ACL_ERROR_RT_STREAM_CONTEXT
-    assert acl.mdl.execute(model_id, ins, outs) == fake.ACL_ERROR_RT_MODEL_CONTEXT
     assert acl.mdl.execute_async(model_id, ins, outs, stream_b) == fake.ACL_ERROR_RT_MODEL_CONTEXT
     assert acl.mdl.unload(model_id) == fake.ACL_ERROR_RT_MODEL_CONTEXT
     assert acl.rt.set_context(ctx_a) == 0
@@ -427,9 +416,9 @@ def test_linear_model_execute_async_into_an_interior_offset(dev: Any, models: di
     assert acl.mdl.get_input_dims(desc, 0) == ({"name": "x", "dimCount": 2, "dims": [2, 4]}, 0)
     assert acl.mdl.get_output_dims(desc, 0) == ({"name": "y", "dimCount": 2, "dims": [2, 3]}, 0)
     assert acl.mdl.get_input_data_type(desc, 0) == fake.ACL_FLOAT
-    assert acl.mdl.get_input_format(desc, 0) == fake.ACL_FORMAT_ND
-    assert acl.mdl.get_input_name_by_index(desc, 0) == "x" and acl.mdl.get_output_name_by_index(desc, 0) == "y"
-    assert acl.mdl.get_output_index_by_name(desc, "y") == (0, 0)
+    assert (
+        acl.mdl.get_input_name_by_index(desc, 0) == "x" and acl.mdl.get_output_name_by_index(desc, 0) == "y"
+    )
 
     x_host = np.array([[1, 2, 3, 4], [-1, 0.5, 0, 2]], np.float32)
     x_dev, _ = acl.rt.malloc(32, 0)
@@ -437,11 +426,9 @@ def test_linear_model_execute_async_into_an_interior_offset(dev: Any, models: di
     bank, _ = acl.rt.malloc(4096, 0)  # outputs go to slots inside one bigger buffer
     ins, _ = dataset(acl, (x_dev, 32))
     outs, (out_buf,) = dataset(acl, (bank + 1024, 24))
-    assert acl.mdl.get_dataset_num_buffers(outs) == 1 and acl.mdl.get_dataset_buffer(outs, 0) == out_buf
 
     assert acl.mdl.execute_async(model_id, ins, outs, stream) == 0
     assert fake.peek(bank + 1024, 24) == b"\xff" * 24  # queued, not run yet
-    assert acl.rt.stream_query(stream) == (fake.ACL_STREAM_STATUS_NOT_READY, 0)
     assert acl.rt.synchronize_stream(stream) == 0
     expected = x_host @ W + B
     np.testing.assert_allclose(d2h(acl, bank + 1024, (2, 3), np.float32), expected, rtol=1e-6)
@@ -450,7 +437,6 @@ def test_linear_model_execute_async_into_an_interior_offset(dev: Any, models: di
 
     # re-point the resident dataset at the next slot, as the runtime does for the memory bank
     assert acl.update_data_buffer(out_buf, bank + 2048, 24) == 0
-    assert acl.get_data_buffer_addr(out_buf) == bank + 2048 and acl.get_data_buffer_size_v2(out_buf) == 24
     h2d(acl, x_dev, 2 * x_host)
     assert acl.mdl.execute_async(model_id, ins, outs, stream) == 0
     assert acl.rt.synchronize_stream(stream) == 0
@@ -472,10 +458,9 @@ def test_two_output_model_with_int64_output(dev: Any, models: dict[str, str]) ->
     h2d(acl, x_dev, x_host)
     ins, _ = dataset(acl, (x_dev, 32))
     outs, _ = dataset(acl, (out_dev, 32), (out_dev + 64, 8))
-    assert acl.mdl.execute(model_id, ins, outs) == 0  # synchronous
+    assert run(acl, dev[2], model_id, ins, outs) == 0  # synchronous
     np.testing.assert_array_equal(d2h(acl, out_dev, (1, 8), np.float32), 2 * x_host)
     assert d2h(acl, out_dev + 64, (1, 1), np.int64)[0, 0] == 5
-    assert acl.mdl.get_cur_output_dims(desc, 0) == ({"name": "doubled", "dimCount": 2, "dims": [1, 8]}, 0)
 
 
 def test_desc_queries_out_of_range(dev: Any, models: dict[str, str]) -> None:
@@ -486,7 +471,6 @@ def test_desc_queries_out_of_range(dev: Any, models: dict[str, str]) -> None:
     assert acl.mdl.get_input_name_by_index(desc, 5) is None
     assert acl.mdl.get_input_size_by_index(desc, 5) == 0
     assert acl.mdl.get_input_data_type(desc, 5) == fake.ACL_DT_UNDEFINED
-    assert acl.mdl.get_input_index_by_name(desc, "nope")[1] != 0
     empty = acl.mdl.create_desc()
     assert acl.mdl.get_num_inputs(empty) == 0 and acl.mdl.get_num_inputs(12345) == 0
     assert acl.mdl.get_desc(empty, 999) == fake.ACL_ERROR_INVALID_MODEL_ID
@@ -502,26 +486,22 @@ def test_execute_validation(dev: Any, models: dict[str, str]) -> None:
     ins, (in_buf,) = dataset(acl, (x, 32))
     outs, _ = dataset(acl, (y, 24))
     empty = acl.mdl.create_dataset()
-    assert acl.mdl.execute(model_id, empty, outs) == fake.ACL_ERROR_MODEL_INPUT_NOT_MATCH
+    assert run(acl, dev[2], model_id, empty, outs) == fake.ACL_ERROR_MODEL_INPUT_NOT_MATCH
     small, _ = dataset(acl, (y, 16))
-    assert acl.mdl.execute(model_id, ins, small) == fake.ACL_ERROR_MODEL_OUTPUT_NOT_MATCH
+    assert run(acl, dev[2], model_id, ins, small) == fake.ACL_ERROR_MODEL_OUTPUT_NOT_MATCH
     host_out = bytes(24)
-    host_ds, _ = dataset(acl, (acl.util.bytes_to_ptr(host_out), 24))
-    assert acl.mdl.execute(model_id, ins, host_ds) == fake.ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID
+    host_ds, _ = dataset(acl, (addr(host_out), 24))
+    assert run(acl, dev[2], model_id, ins, host_ds) == fake.ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID
     misaligned, _ = dataset(acl, (y + 4, 24))
-    assert acl.mdl.execute(model_id, ins, misaligned) == fake.ACL_ERROR_RT_ADDR_UNALIGNED
-    assert acl.mdl.execute(77, ins, outs) == fake.ACL_ERROR_INVALID_MODEL_ID
-    pinned, _ = acl.rt.malloc_host(64)  # malloc_host memory is valid model I/O
-    pinned_ds, _ = dataset(acl, (pinned, 24))
-    assert acl.mdl.execute(model_id, ins, pinned_ds) == 0
-    np.testing.assert_allclose(np.frombuffer(acl.util.ptr_to_bytes(pinned, 24), np.float32), np.tile(B, 2))
+    assert run(acl, dev[2], model_id, ins, misaligned) == fake.ACL_ERROR_RT_ADDR_UNALIGNED
+    assert run(acl, dev[2], 77, ins, outs) == fake.ACL_ERROR_INVALID_MODEL_ID
     # memory freed between launch and synchronize: the queued run fails at synchronize time
     assert acl.mdl.execute_async(model_id, ins, outs, stream) == 0
     assert acl.rt.free(x) == 0
     assert acl.rt.synchronize_stream(stream) == fake.ACL_ERROR_RT_MODEL_EXECUTE
     assert "freed" in acl.get_recent_err_msg()
     assert acl.destroy_data_buffer(in_buf) == 0
-    assert acl.mdl.execute(model_id, ins, outs) == fake.ACL_ERROR_INVALID_PARAM
+    assert run(acl, dev[2], model_id, ins, outs) == fake.ACL_ERROR_INVALID_PARAM
 
 
 def test_unload_with_queued_work_and_model_on_two_streams(dev: Any, models: dict[str, str]) -> None:
@@ -542,51 +522,17 @@ def test_load_errors(dev: Any, models: dict[str, str], tmp_path: Path) -> None:
     assert acl.mdl.load_from_file(models["garbage"]) == (0, fake.ACL_ERROR_PARSE_MODEL)
     assert acl.mdl.load_from_file(models["dyn_none"]) == (0, fake.ACL_ERROR_PARSE_MODEL)
     assert "dynamic dim" in acl.get_recent_err_msg()
-    data = Path(models["linear"]).read_bytes()
-    model_id, ret = acl.mdl.load_from_mem(acl.util.bytes_to_ptr(data), len(data))
-    assert ret == 0 and model_id > 0
     fake.model_options(models["dyn_none"], input_shape="x:3,4")  # like ATC --input_shape
     model_id, desc = load(acl, models["dyn_none"])
-    assert acl.mdl.get_input_dims(desc, 0)[0]["dims"] == [3, 4] and acl.mdl.get_output_size_by_index(desc, 0) == 48
+    assert (
+        acl.mdl.get_input_dims(desc, 0)[0]["dims"] == [3, 4]
+        and acl.mdl.get_output_size_by_index(desc, 0) == 48
+    )
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # §9: dynamic gears
 # ------------------------------------------------------------------------------------------------------------------
-
-
-def test_dynamic_batch_gears(dev: Any, models: dict[str, str]) -> None:
-    acl, _, stream = dev
-    model_id, desc = load(acl, models["dyn_batch"])
-    assert acl.mdl.get_num_inputs(desc) == 2
-    assert acl.mdl.get_input_name_by_index(desc, 1) == fake.ACL_DYNAMIC_TENSOR_NAME
-    idx, ret = acl.mdl.get_input_index_by_name(desc, fake.ACL_DYNAMIC_TENSOR_NAME)
-    assert (idx, ret) == (1, 0)
-    assert acl.mdl.get_input_dims(desc, 0)[0]["dims"] == [-1, 4]
-    assert acl.mdl.get_output_dims(desc, 0)[0]["dims"] == [-1, 4]
-    assert acl.mdl.get_input_size_by_index(desc, 0) == 4 * 4 * 4  # largest gear
-    assert acl.mdl.get_output_size_by_index(desc, 0) == 64
-    assert acl.mdl.get_dynamic_batch(desc) == ({"batchCount": 3, "batch": [1, 2, 4]}, 0)
-
-    x, _ = acl.rt.malloc(64, 0)
-    y, _ = acl.rt.malloc(64, 0)
-    shape_buf, _ = acl.rt.malloc(acl.mdl.get_input_size_by_index(desc, idx), 0)
-    ins, _ = dataset(acl, (x, 64), (shape_buf, acl.mdl.get_input_size_by_index(desc, idx)))
-    outs, _ = dataset(acl, (y, 64))
-    assert acl.mdl.execute(model_id, ins, outs) == fake.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID  # gear not set
-    assert acl.mdl.set_dynamic_batch_size(model_id, ins, idx, 3) == fake.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
-    assert acl.mdl.set_dynamic_batch_size(model_id, ins, 0, 2) == fake.ACL_ERROR_INVALID_PARAM
-    assert acl.mdl.set_dynamic_batch_size(model_id, ins, idx, 2) == 0
-    h2d(acl, x, np.arange(8, dtype=np.float32).reshape(2, 4))
-    assert acl.mdl.execute_async(model_id, ins, outs, stream) == 0
-    assert acl.rt.synchronize_stream(stream) == 0
-    np.testing.assert_array_equal(d2h(acl, y, (2, 4), np.float32), np.arange(8).reshape(2, 4) + 1)
-    assert fake.peek(y + 32, 32) == b"\xff" * 32  # only the gear's rows were written
-    assert acl.mdl.get_cur_output_dims(desc, 0)[0]["dims"] == [2, 4]
-    assert acl.mdl.set_dynamic_hw_size(model_id, ins, idx, 2, 2) == fake.ACL_ERROR_MODEL_NOT_DYNAMIC
-
-    static_id, _ = load(acl, models["linear"])
-    assert acl.mdl.set_dynamic_batch_size(static_id, ins, 1, 2) == fake.ACL_ERROR_MODEL_NOT_DYNAMIC
 
 
 def test_dynamic_dims_gears(dev: Any, models: dict[str, str]) -> None:
@@ -596,7 +542,6 @@ def test_dynamic_dims_gears(dev: Any, models: dict[str, str]) -> None:
     assert acl.mdl.get_input_dynamic_gear_count(desc, -1) == (2, 0)
     gears, ret = acl.mdl.get_input_dynamic_dims(desc, -1, 2)
     assert ret == 0 and [g["dims"] for g in gears] == [[1, 4], [3, 4]]
-    assert acl.mdl.get_dynamic_batch(desc) == ({"batchCount": 0, "batch": []}, 0)
     x, _ = acl.rt.malloc(48, 0)
     y, _ = acl.rt.malloc(48, 0)
     gear_buf, _ = acl.rt.malloc(8, 0)
@@ -610,105 +555,13 @@ def test_dynamic_dims_gears(dev: Any, models: dict[str, str]) -> None:
         acl.mdl.set_input_dynamic_dims(model_id, ins, 1, {"name": "", "dimCount": 2, "dims": [3, 4.0]})
     assert acl.mdl.set_input_dynamic_dims(model_id, ins, 1, {"name": "", "dimCount": 2, "dims": [3, 4]}) == 0
     h2d(acl, x, np.full((3, 4), 2.0, np.float32))
-    assert acl.mdl.execute(model_id, ins, outs) == 0
+    assert run(acl, dev[2], model_id, ins, outs) == 0
     np.testing.assert_array_equal(d2h(acl, y, (3, 4), np.float32), np.full((3, 4), 3.0))
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # streams, async copies, events, callbacks
 # ------------------------------------------------------------------------------------------------------------------
-
-
-def test_async_copies_pinned_vs_unpinned(dev: Any) -> None:
-    acl, _, stream = dev
-    d, _ = acl.rt.malloc(64, 0)
-    pinned, _ = acl.rt.malloc_host(64)
-    with pytest.warns(Warning):
-        view = acl.util.ptr_to_numpy(pinned, (16,), 11)
-    view[:] = 1.0
-    assert acl.rt.memcpy_async(d, 64, pinned, 64, H2D, stream) == 0
-    view[:] = 2.0  # pinned: the DMA reads the host buffer when the stream runs
-    assert fake.peek(d, 4) == b"\xff" * 4
-    assert acl.rt.synchronize_stream(stream) == 0
-    np.testing.assert_array_equal(np.frombuffer(fake.peek(d, 64), np.float32), np.full(16, 2.0))
-
-    raw = np.zeros(32, np.float32)
-    plain = raw[(-raw.ctypes.data % 64) // 4:][:16]  # ordinary (unpinned) host memory, 64-byte aligned
-    plain[:] = 5.0
-    with pytest.warns(Warning):
-        plain_ptr = acl.util.numpy_to_ptr(plain)
-    assert plain_ptr % 64 == 0
-    assert acl.rt.memcpy_async(d, 64, plain_ptr, 64, H2D, stream) == 0  # unpinned: done on return
-    plain[:] = 6.0
-    np.testing.assert_array_equal(np.frombuffer(fake.peek(d, 64), np.float32), np.full(16, 5.0))
-    assert acl.rt.memcpy_async(pinned, 64, pinned, 64, H2H, stream) == fake.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
-    assert acl.rt.memcpy_async(d + 4, 60, pinned, 60, H2D, stream) == fake.ACL_ERROR_RT_ADDR_UNALIGNED
-    assert acl.rt.memset_async(d, 64, 9, 64, stream) == 0
-    assert acl.rt.synchronize_stream(0) == 0  # the context's default stream is not ``stream``
-    assert fake.peek(d, 64) != b"\x09" * 64
-    assert acl.rt.synchronize_stream(stream) == 0 and fake.peek(d, 64) == b"\x09" * 64
-    assert acl.rt.free_host(pinned) == 0 and acl.rt.free_host(pinned) == fake.ACL_ERROR_RT_PARAM_INVALID
-
-
-def test_events_order_streams(dev: Any) -> None:
-    acl, _, stream = dev
-    other, _ = acl.rt.create_stream()
-    d, _ = acl.rt.malloc(64, 0)
-    ev, ret = acl.rt.create_event()
-    assert ret == 0
-    start, _ = acl.rt.create_event()
-    assert acl.rt.record_event(start, stream) == 0
-    assert acl.rt.memset_async(d, 64, 7, 64, stream) == 0
-    assert acl.rt.record_event(ev, stream) == 0
-    assert acl.rt.query_event_status(ev) == (fake.ACL_EVENT_RECORDED_STATUS_NOT_READY, 0)
-    assert acl.rt.stream_wait_event(other, ev) == 0
-    assert acl.rt.synchronize_stream(other) == 0  # waiting on the event ran ``stream`` up to it
-    assert fake.peek(d, 2) == b"\x07\x07"
-    assert acl.rt.query_event_status(ev) == (fake.ACL_EVENT_RECORDED_STATUS_COMPLETE, 0)
-    assert acl.rt.synchronize_event(ev) == 0
-    ms, ret = acl.rt.event_elapsed_time(start, ev)
-    assert ret == 0 and ms >= 0.0
-    for e in (ev, start):
-        assert acl.rt.destroy_event(e) == 0
-    assert acl.rt.destroy_event(ev) == fake.ACL_ERROR_RT_PARAM_INVALID
-
-
-def test_callbacks_run_on_the_subscribed_thread(dev: Any) -> None:
-    acl, ctx, stream = dev
-    stop = threading.Event()
-    ran_on: list[int] = []
-
-    def report_loop(arg: object) -> None:
-        assert acl.rt.set_context(ctx) == 0
-        while not stop.is_set():
-            acl.rt.process_report(20)
-
-    tid, ret = acl.util.start_thread(report_loop, "arg")
-    assert ret == 0
-    assert acl.rt.launch_callback(lambda data: None, None, 1, stream) == fake.ACL_ERROR_STREAM_NOT_SUBSCRIBE
-    assert acl.rt.subscribe_report(tid, stream) == 0
-    assert acl.rt.subscribe_report(tid, stream) == fake.ACL_ERROR_REPEAT_SUBSCRIBE
-    d, _ = acl.rt.malloc(64, 0)
-    assert acl.rt.memset_async(d, 64, 3, 64, stream) == 0
-
-    def callback(data: list[int]) -> None:
-        data.append(threading.get_ident())
-
-    assert acl.rt.launch_callback(callback, ran_on, 1, stream) == 0
-    assert ran_on == []
-    assert acl.rt.synchronize_stream(stream) == 0  # blocking callback: delivered and waited for
-    assert ran_on == [tid] and tid != threading.get_ident()
-    assert acl.rt.process_report(1) == fake.ACL_ERROR_THREAD_NOT_SUBSCRIBE  # main thread subscribed to nothing
-    assert acl.rt.unsubscribe_report(tid, stream) == 0
-    stop.set()
-    assert acl.util.stop_thread(tid) == 0
-
-    def boom() -> None:
-        raise KeyError("x")
-
-    tid2, _ = acl.util.start_thread(boom, None)
-    with pytest.raises(RuntimeError, match="KeyError"):
-        acl.util.stop_thread(tid2)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -771,19 +624,24 @@ def test_fault_injection(dev: Any, models: dict[str, str]) -> None:
 
     fake.inject("mdl.execute_async", fake.ACL_ERROR_RT_AICORE_EXCEPTION, at_sync=True)
     assert acl.mdl.execute_async(model_id, ins, outs, stream) == 0
-    assert acl.rt.memset_async(y, 24, 7, 24, stream) == 0
+    assert acl.mdl.execute_async(model_id, ins, outs, stream) == 0
+    executes = fake.stats().executes
     assert acl.rt.synchronize_stream(stream) == fake.ACL_ERROR_RT_AICORE_EXCEPTION
     assert "1 later task(s) discarded" in acl.get_recent_err_msg()
-    assert fake.peek(y, 4) != b"\x07" * 4  # the memset after the failed task never ran
+    assert fake.stats().executes == executes  # the run queued after the failed one never ran
     assert acl.rt.synchronize_stream(stream) == 0  # the stream is usable again
 
     fake.inject("mdl.get_input_dims", fake.ACL_ERROR_INVALID_PARAM)
     assert acl.mdl.get_input_dims(desc, 0) == ({}, fake.ACL_ERROR_INVALID_PARAM)
     fake.inject("mdl.add_dataset_buffer", fake.ACL_ERROR_INVALID_PARAM)
-    assert acl.mdl.add_dataset_buffer(ins, acl.create_data_buffer(x, 32)) == (ins, fake.ACL_ERROR_INVALID_PARAM)
-    assert acl.mdl.get_dataset_num_buffers(ins) == 1  # no side effect
+    assert acl.mdl.add_dataset_buffer(ins, acl.create_data_buffer(x, 32)) == (
+        ins,
+        fake.ACL_ERROR_INVALID_PARAM,
+    )
     fake.inject("rt.synchronize_stream", fake.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, times=None)
-    assert [acl.rt.synchronize_stream(stream) for _ in range(3)] == [fake.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT] * 3
+    assert [acl.rt.synchronize_stream(stream) for _ in range(3)] == [
+        fake.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+    ] * 3
     fake.clear_injections()
     assert acl.rt.synchronize_stream(stream) == 0
     with pytest.raises(ValueError):
@@ -799,15 +657,14 @@ def test_transfer_stats(dev: Any) -> None:
     fake.reset_stats()
     a, _ = acl.rt.malloc(256, 0)
     b, _ = acl.rt.malloc(256, 0)
-    pinned, _ = acl.rt.malloc_host(256)
     h2d(acl, a, np.zeros(64, np.float32))  # 256 B
     d2h(acl, a, (16,), np.float32)  # 64 B
     assert acl.rt.memcpy(b, 256, a, 128, D2D) == 0
     src = bytes(32)
     dst = bytes(32)
-    assert acl.rt.memcpy(acl.util.bytes_to_ptr(dst), 32, acl.util.bytes_to_ptr(src), 32, H2H) == 0
-    assert acl.rt.memcpy_async(b, 256, pinned, 256, H2D, stream) == 0
-    assert acl.rt.memcpy_async(pinned, 256, b, 64, D2H, stream) == 0
+    assert acl.rt.memcpy(addr(dst), 32, addr(src), 32, H2H) == 0
+    h2d(acl, b, np.zeros(64, np.float32))  # 256 B
+    d2h(acl, b, (16,), np.float32)  # 64 B
     assert acl.rt.memset(a, 256, 0, 100) == 0
     assert acl.rt.synchronize_stream(stream) == 0
     st = fake.stats()
@@ -815,7 +672,7 @@ def test_transfer_stats(dev: Any) -> None:
     assert (st.d2h_calls, st.d2h_bytes) == (2, 128)
     assert (st.d2d_calls, st.d2d_bytes) == (1, 128)
     assert (st.h2h_calls, st.h2h_bytes) == (1, 32)
-    assert st.async_copies == 2 and (st.memset_calls, st.memset_bytes) == (1, 100) and st.syncs == 1
+    assert (st.memset_calls, st.memset_bytes) == (1, 100) and st.syncs == 1
     assert st.as_dict()["h2d_bytes"] == 512
     fake.reset_stats()
     zero = fake.stats()

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from media import make_video, square_frames, square_mask
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-from media import make_video, square_frames, square_mask
 from vostream.samples.scenes import render_scene, score_sequence, write_scene
 
 CLI = [sys.executable, "-m", "vostream.pipeline.apps.cli"]
@@ -85,8 +85,18 @@ def batch(tmp_path_factory):
 def reference(batch):
     """A clean, uninterrupted ``--workers 1`` run: the outputs every other run must reproduce byte for byte."""
     out = batch / "ref"
-    r = run_cli("annotate", batch / "vids", "--prompts", batch / "prompts.csv", "--out", out, "--formats", ALL,
-                "--workers", "1")
+    r = run_cli(
+        "annotate",
+        batch / "vids",
+        "--prompts",
+        batch / "prompts.csv",
+        "--out",
+        out,
+        "--formats",
+        ALL,
+        "--workers",
+        "1",
+    )
     assert r.returncode == 0, r.stderr
     return out, r
 
@@ -102,7 +112,9 @@ def test_batch_outputs_complete_correct_and_summarised(reference):
         row = rows[key]
         folder = out / row["folder"]
         assert row["folder"] == Path(key).stem
-        assert row["status"] == "done" and row["frames"] == t and row["attempts"] == 1 and row["error"] is None
+        assert (
+            row["status"] == "done" and row["frames"] == t and row["attempts"] == 1 and row["error"] is None
+        )
         scene = scene_of(name, w, h, t)
         assert row["objects"] == len(scene.obj_ids)
         pngs = sorted((folder / "masks").glob("*.png"))
@@ -111,7 +123,8 @@ def test_batch_outputs_complete_correct_and_summarised(reference):
         assert score.mean >= 0.85, (key, score.per_object)
         manifest = json.loads((folder / "manifest.json").read_text())
         assert set(manifest["files"]) == {"overlay.mp4", "annotations.json", "mot.txt"} | {
-            f"masks/{p.name}" for p in pngs}
+            f"masks/{p.name}" for p in pngs
+        }
         for rel, digest in manifest["files"].items():
             assert hashlib.sha256((folder / rel).read_bytes()).hexdigest() == digest
         # the merged dataset carries the same masks as the per-video files
@@ -129,8 +142,19 @@ def test_batch_outputs_complete_correct_and_summarised(reference):
 
 def test_workers_2_give_the_same_files(batch, reference):
     out = batch / "w2"
-    r = run_cli("annotate", batch / "vids", "--prompts", batch / "prompts.csv", "--out", out, "--formats", ALL,
-                "--workers", "2", "-q")
+    r = run_cli(
+        "annotate",
+        batch / "vids",
+        "--prompts",
+        batch / "prompts.csv",
+        "--out",
+        out,
+        "--formats",
+        ALL,
+        "--workers",
+        "2",
+        "-q",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""  # --quiet
     assert tree(out) == tree(reference[0])
@@ -144,8 +168,14 @@ def test_rerun_skips_done_redoes_partial_and_force_redoes_all(batch, reference):
     out = batch / "resume"
     shutil.copytree(reference[0], out)
     ref_tree = tree(reference[0])
-    opts = dict(inputs=[str(batch / "vids")], prompts=str(batch / "prompts.csv"), out=str(out),
-                formats=tuple(ALL.split(",")), workers=0, quiet=True)
+    opts = dict(
+        inputs=[str(batch / "vids")],
+        prompts=str(batch / "prompts.csv"),
+        out=str(out),
+        formats=tuple(ALL.split(",")),
+        workers=0,
+        quiet=True,
+    )
     stamp = {p: p.stat().st_mtime_ns for p in out.glob("*/**/*") if p.is_file()}  # per-video files
     report = run_annotate(AnnotateOptions(**opts))
     assert report.exit_code == 0 and all(r.reused for r in report.results.values())
@@ -191,7 +221,9 @@ def _wait_mid_batch(p: subprocess.Popen, out: Path, timeout: float = 120) -> int
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if p.poll() is not None:
-            pytest.fail(f"the batch ended (rc {p.returncode}) before it could be interrupted: {p.stderr.read()}")
+            pytest.fail(
+                f"the batch ended (rc {p.returncode}) before it could be interrupted: {p.stderr.read()}"
+            )
         done = [d for d in out.glob("*/") if (d / "manifest.json").exists()]
         started = [d for d in out.glob("*/") if not (d / "manifest.json").exists() and any(d.iterdir())]
         if done and started:
@@ -201,12 +233,30 @@ def _wait_mid_batch(p: subprocess.Popen, out: Path, timeout: float = 120) -> int
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc to find the worker processes")
+@pytest.mark.skipif(
+    not Path("/proc/self/stat").exists(), reason="needs Linux /proc to find the worker processes"
+)
 def test_sigkill_mid_batch_then_rerun_gives_identical_files(batch, reference):
     out = batch / "killed"
-    p = subprocess.Popen([*CLI, "annotate", str(batch / "vids"), "--prompts", str(batch / "prompts.csv"),
-                          "--out", str(out), "--formats", ALL, "--workers", "1", "-q"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            *CLI,
+            "annotate",
+            str(batch / "vids"),
+            "--prompts",
+            str(batch / "prompts.csv"),
+            "--out",
+            str(out),
+            "--formats",
+            ALL,
+            "--workers",
+            "1",
+            "-q",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_mid_batch(p, out)
         workers = _children(p.pid)
@@ -224,8 +274,19 @@ def test_sigkill_mid_batch_then_rerun_gives_identical_files(batch, reference):
     assert 1 <= done_before < 5
     assert not (out / "summary.json").exists()
 
-    r = run_cli("annotate", batch / "vids", "--prompts", batch / "prompts.csv", "--out", out, "--formats", ALL,
-                "--workers", "1", "-q")
+    r = run_cli(
+        "annotate",
+        batch / "vids",
+        "--prompts",
+        batch / "prompts.csv",
+        "--out",
+        out,
+        "--formats",
+        ALL,
+        "--workers",
+        "1",
+        "-q",
+    )
     assert r.returncode == 0, r.stderr
     assert tree(out) == tree(reference[0])  # nothing lost, no duplicates, byte-identical
     assert not list(out.rglob("*.tmp"))
@@ -235,9 +296,24 @@ def test_sigkill_mid_batch_then_rerun_gives_identical_files(batch, reference):
 
 def test_ctrl_c_finishes_the_running_video_and_keeps_manifests_honest(batch, reference):
     out = batch / "sigint"
-    p = subprocess.Popen([*CLI, "annotate", str(batch / "vids"), "--prompts", str(batch / "prompts.csv"),
-                          "--out", str(out), "--formats", ALL, "--workers", "1"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            *CLI,
+            "annotate",
+            str(batch / "vids"),
+            "--prompts",
+            str(batch / "prompts.csv"),
+            "--out",
+            str(out),
+            "--formats",
+            ALL,
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_mid_batch(p, out)
         p.send_signal(signal.SIGINT)
@@ -270,12 +346,24 @@ def test_corrupt_video_and_unprompted_video_are_reported_others_finish(tmp_path)
     (vids / "corrupt.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + os.urandom(4000))
     ys, xs = np.nonzero(square_mask(0, w, h))
     x, y = int(xs.mean()), int(ys.mean())
-    (tmp_path / "p.csv").write_text("video,frame,obj_id,x,y,label,note\n"
-                                    f"good1.mp4,0,1,{x},{y},1,first\ngood2.mkv,0,1,{x},{y},,\n"
-                                    f"corrupt.mp4,0,1,{x},{y},1,\n")
+    (tmp_path / "p.csv").write_text(
+        "video,frame,obj_id,x,y,label,note\n"
+        f"good1.mp4,0,1,{x},{y},1,first\ngood2.mkv,0,1,{x},{y},,\n"
+        f"corrupt.mp4,0,1,{x},{y},1,\n"
+    )
     out = tmp_path / "out"
-    r = run_cli("annotate", vids, "--prompts", tmp_path / "p.csv", "--out", out, "--formats", "json,png,mot",
-                "--retries", "1")
+    r = run_cli(
+        "annotate",
+        vids,
+        "--prompts",
+        tmp_path / "p.csv",
+        "--out",
+        out,
+        "--formats",
+        "json,png,mot",
+        "--retries",
+        "1",
+    )
     assert r.returncode == 1, r.stderr
     assert "FAILED corrupt.mp4" in r.stderr and "unprompted.mp4: no prompts" in r.stderr
     rows = {v["video"]: v for v in json.loads((out / "summary.json").read_text())["videos"]}
@@ -284,8 +372,11 @@ def test_corrupt_video_and_unprompted_video_are_reported_others_finish(tmp_path)
     assert rows["corrupt.mp4"]["status"] == "failed" and rows["corrupt.mp4"]["attempts"] == 2
     assert "corrupt.mp4" in rows["corrupt.mp4"]["error"]
     assert rows["unprompted.mp4"]["status"] == "no_prompts"
-    assert not (out / "corrupt" / "manifest.json").exists() and not list((out / "corrupt").glob("*")) \
-        if (out / "corrupt").exists() else True
+    assert (
+        not (out / "corrupt" / "manifest.json").exists() and not list((out / "corrupt").glob("*"))
+        if (out / "corrupt").exists()
+        else True
+    )
     assert not (out / "unprompted").exists()
     dataset = json.loads((out / "dataset.json").read_text())
     assert [v["video"] for v in dataset["videos"]] == ["good1.mp4", "good2.mkv"]
@@ -298,6 +389,7 @@ def test_corrupt_video_and_unprompted_video_are_reported_others_finish(tmp_path)
 
 
 # -- prompts-file errors: in-process CLI, before any work -----------------------------------------------------------
+
 
 def _cli_error(capsys, tmp_path, vids, prompts_name, text, *extra):
     from vostream.pipeline.apps.cli import main
@@ -325,29 +417,72 @@ def small_vids(tmp_path_factory):
     return vids
 
 
-@pytest.mark.parametrize("name,text,expect", [
-    ("p.csv", "video,frame,obj_id,x,y,label\nsolo.mp4,0,1,10,10,1\nmissing.mp4,0,1,5,5,1\n",
-     ["line 3", "'missing.mp4' is not among the 3 input video(s)"]),
-    ("p.csv", "video,frame,obj_id,x,y,label\nsolo.mp4,0,1,10,10,1\nsolo.mp4,0,2,64,10,1\n",
-     ["line 3", "point (64, 10) is outside video 'solo.mp4' (64x48"]),
-    ("p.csv", "video,frame,obj_id,x,y,label\nsolo.mp4,0,1,ten,10,1\n", ["line 2", "x 'ten' is not a number"]),
-    ("p.csv", "video,frame,obj,x,y,label\nsolo.mp4,0,1,1,1,1\n", ["line 1", "lacks column(s) ['obj_id']"]),
-    ("p.csv", "video,frame,obj_id,x,y,label\nsolo.mp4,-1,1,1,1,1\n", ["line 2", "frame '-1'"]),
-    ("p.csv", "video,frame,obj_id,x,y,label\nsolo.mp4,0,1,1,1,2\n", ["line 2", "label '2'"]),
-    ("p.csv", "video,frame,obj_id,x,y,label\nclip.mp4,0,1,1,1,1\n", ["line 2", "matches several inputs",
-                                                                     "a/clip.mp4"]),
-    ("p.csv", "video,frame,obj_id,x,y,label\nsolo.mp4,0,1,1,1,0\n", ["video 'solo.mp4'", "only negative points"]),
-    ("p.json", '{"videos": [{"video": "solo.mp4", "prompts": [{"obj": 1, "points": [[1, 1]]}]},\n'
-               ' {"video": "a/clip.mp4" "prompts": []}]}', ["invalid JSON at line 2 column"]),
-    ("p.json", json.dumps({"videos": [{"video": "solo.mp4", "prompts": [{"obj": 1, "points": [[1, 1]]}]},
-                                      {"video": "b/clip.mp4", "prompts": [{"obj": 1, "box": [0, 0, 97, 20]}]}]}),
-     ["videos[1] ('b/clip.mp4'), prompt 0", "box (0, 0, 97, 20) is outside"]),
-    ("p.json", json.dumps({"videos": [{"video": "nope.mp4", "prompts": [{"obj": 1, "points": [[1, 1]]}]}]}),
-     ["videos[0]", "'nope.mp4' is not among"]),
-    ("p.json", json.dumps({"videos": [{"video": "solo.mp4", "prompts": [{"obj": 1, "pts": [[1, 1]]}]}]}),
-     ["videos[0] ('solo.mp4'), prompt 0", "unknown key(s) ['pts']"]),
-    ("p.json", json.dumps({"prompts": []}), ['expected {"videos"']),
-])
+@pytest.mark.parametrize(
+    "name,text,expect",
+    [
+        (
+            "p.csv",
+            "video,frame,obj_id,x,y,label\nsolo.mp4,0,1,10,10,1\nmissing.mp4,0,1,5,5,1\n",
+            ["line 3", "'missing.mp4' is not among the 3 input video(s)"],
+        ),
+        (
+            "p.csv",
+            "video,frame,obj_id,x,y,label\nsolo.mp4,0,1,10,10,1\nsolo.mp4,0,2,64,10,1\n",
+            ["line 3", "point (64, 10) is outside video 'solo.mp4' (64x48"],
+        ),
+        (
+            "p.csv",
+            "video,frame,obj_id,x,y,label\nsolo.mp4,0,1,ten,10,1\n",
+            ["line 2", "x 'ten' is not a number"],
+        ),
+        (
+            "p.csv",
+            "video,frame,obj,x,y,label\nsolo.mp4,0,1,1,1,1\n",
+            ["line 1", "lacks column(s) ['obj_id']"],
+        ),
+        ("p.csv", "video,frame,obj_id,x,y,label\nsolo.mp4,-1,1,1,1,1\n", ["line 2", "frame '-1'"]),
+        ("p.csv", "video,frame,obj_id,x,y,label\nsolo.mp4,0,1,1,1,2\n", ["line 2", "label '2'"]),
+        (
+            "p.csv",
+            "video,frame,obj_id,x,y,label\nclip.mp4,0,1,1,1,1\n",
+            ["line 2", "matches several inputs", "a/clip.mp4"],
+        ),
+        (
+            "p.csv",
+            "video,frame,obj_id,x,y,label\nsolo.mp4,0,1,1,1,0\n",
+            ["video 'solo.mp4'", "only negative points"],
+        ),
+        (
+            "p.json",
+            '{"videos": [{"video": "solo.mp4", "prompts": [{"obj": 1, "points": [[1, 1]]}]},\n'
+            ' {"video": "a/clip.mp4" "prompts": []}]}',
+            ["invalid JSON at line 2 column"],
+        ),
+        (
+            "p.json",
+            json.dumps(
+                {
+                    "videos": [
+                        {"video": "solo.mp4", "prompts": [{"obj": 1, "points": [[1, 1]]}]},
+                        {"video": "b/clip.mp4", "prompts": [{"obj": 1, "box": [0, 0, 97, 20]}]},
+                    ]
+                }
+            ),
+            ["videos[1] ('b/clip.mp4'), prompt 0", "box (0, 0, 97, 20) is outside"],
+        ),
+        (
+            "p.json",
+            json.dumps({"videos": [{"video": "nope.mp4", "prompts": [{"obj": 1, "points": [[1, 1]]}]}]}),
+            ["videos[0]", "'nope.mp4' is not among"],
+        ),
+        (
+            "p.json",
+            json.dumps({"videos": [{"video": "solo.mp4", "prompts": [{"obj": 1, "pts": [[1, 1]]}]}]}),
+            ["videos[0] ('solo.mp4'), prompt 0", "unknown key(s) ['pts']"],
+        ),
+        ("p.json", json.dumps({"prompts": []}), ['expected {"videos"']),
+    ],
+)
 def test_prompts_file_errors_name_the_entry(capsys, tmp_path, small_vids, name, text, expect):
     line = _cli_error(capsys, tmp_path, small_vids, name, text)
     for piece in expect:
@@ -356,19 +491,25 @@ def test_prompts_file_errors_name_the_entry(capsys, tmp_path, small_vids, name, 
 
 # -- units: inputs, names, manifests ------------------------------------------------------------------------------
 
+
 def test_inputs_dirs_lists_dedupe_and_deterministic_names(tmp_path, small_vids):
     from vostream.pipeline.apps.annotate.inputs import discover_videos
 
     lst = tmp_path / "videos.txt"
     lst.write_text(f"# a comment\n\n{small_vids / 'solo.mp4'}\n")
     entries = discover_videos([str(small_vids), str(lst)])
-    assert [e.key for e in entries] == ["solo.mp4", "a/clip.mp4", "b/clip.mp4"]  # solo.mp4 found twice, kept once
+    assert [e.key for e in entries] == [
+        "solo.mp4",
+        "a/clip.mp4",
+        "b/clip.mp4",
+    ]  # solo.mp4 found twice, kept once
     names = {e.key: e.name for e in entries}
     assert names["solo.mp4"] == "solo"
     assert names["a/clip.mp4"] != names["b/clip.mp4"] and names["a/clip.mp4"].startswith("clip-")
     again = discover_videos([f"@{lst}", str(small_vids)])
-    assert {e.key: e.name for e in again if e.key != str(small_vids / "solo.mp4")} == \
-        {k: v for k, v in names.items() if k != "solo.mp4"}
+    assert {e.key: e.name for e in again if e.key != str(small_vids / "solo.mp4")} == {
+        k: v for k, v in names.items() if k != "solo.mp4"
+    }
     from vostream.pipeline.errors import ConfigError
 
     with pytest.raises(ConfigError, match="no such file or directory"):
@@ -404,13 +545,18 @@ def test_ray_missing_or_bad_options_are_config_errors(tmp_path, small_vids, caps
 
     pf = tmp_path / "p.csv"
     pf.write_text("video,frame,obj_id,x,y,label\nsolo.mp4,0,1,10,10,1\n")
-    code = main(["annotate", str(small_vids), "--prompts", str(pf), "--out", str(tmp_path / "o"), "--workers", "-1"])
+    code = main(
+        ["annotate", str(small_vids), "--prompts", str(pf), "--out", str(tmp_path / "o"), "--workers", "-1"]
+    )
     assert code == 2 and "--workers must be >= 1" in capsys.readouterr().err
-    code = main(["annotate", str(small_vids), "--prompts", str(pf), "--out", str(tmp_path / "o"), "--formats", "gif"])
+    code = main(
+        ["annotate", str(small_vids), "--prompts", str(pf), "--out", str(tmp_path / "o"), "--formats", "gif"]
+    )
     assert code == 2 and "unknown format" in capsys.readouterr().err
 
 
 # -- Ray: one local cluster for the module ----------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def ray_address():
@@ -428,8 +574,21 @@ def ray_address():
 def test_ray_gives_the_same_files_as_local_workers(batch, reference, ray_address):
     out = batch / "ray"
     # JSON prompts here (CSV for the reference): the two schemas must mean the same thing
-    r = run_cli("annotate", batch / "vids", "--prompts", batch / "prompts.json", "--out", out, "--formats", ALL,
-                "--workers", "2", "--ray", ray_address, "-q")
+    r = run_cli(
+        "annotate",
+        batch / "vids",
+        "--prompts",
+        batch / "prompts.json",
+        "--out",
+        out,
+        "--formats",
+        ALL,
+        "--workers",
+        "2",
+        "--ray",
+        ray_address,
+        "-q",
+    )
     assert r.returncode == 0, r.stderr
     assert tree(out) == tree(reference[0])
     rows = json.loads((out / "summary.json").read_text())["videos"]

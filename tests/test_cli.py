@@ -13,10 +13,9 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+from media import copy_to, make_frame_dir, make_video, moving_square_clip, square_frames, square_mask
 from PIL import Image
 from pycocotools import mask as mask_utils
-
-from media import copy_to, make_frame_dir, make_video, moving_square_clip, square_frames, square_mask
 
 CLI = [sys.executable, "-m", "vostream.pipeline.apps.cli"]
 W, H, N = 160, 96, 30
@@ -81,8 +80,9 @@ def test_track_from_frames_dir_and_config(tmp_path):
     frames = make_frame_dir(tmp_path / "frames", square_frames(8, W, H), ext=".png")
     x, y = square_centre()
     cfg = tmp_path / "run.toml"
-    cfg.write_text(f'source = "frames"\nout = "o"\nsave = ["png", "mot"]\n'
-                   f'[[prompts]]\nobj = 4\npoints = [[{x}, {y}]]\n')
+    cfg.write_text(
+        f'source = "frames"\nout = "o"\nsave = ["png", "mot"]\n[[prompts]]\nobj = 4\npoints = [[{x}, {y}]]\n'
+    )
     r = run_cli("track", "--config", cfg, "--quiet")
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""  # --quiet: nothing on stderr
@@ -106,7 +106,9 @@ def _bad_inputs(tmp_path: Path):
     bad_json = tmp_path / "p.json"
     bad_json.write_text('{"prompts": [{"obj": 1, "points": [[1, 2]]}, }')
     remove_unknown = tmp_path / "r.json"
-    remove_unknown.write_text('{"prompts": [{"obj": 1, "points": [[10, 10]]}, {"obj": 9, "frame": 3, "remove": true}]}')
+    remove_unknown.write_text(
+        '{"prompts": [{"obj": 1, "points": [[10, 10]]}, {"obj": 9, "frame": 3, "remove": true}]}'
+    )
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where a directory should be")
     ok = ["--point", "10,10"]
@@ -126,9 +128,23 @@ def _bad_inputs(tmp_path: Path):
     }
 
 
-@pytest.mark.parametrize("case", ["missing file", "not a video", "truncated", "no images", "point outside",
-                                  "malformed prompts", "unknown object", "negative only", "no prompt",
-                                  "unwritable out", "bad option value", "unknown backend"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing file",
+        "not a video",
+        "truncated",
+        "no images",
+        "point outside",
+        "malformed prompts",
+        "unknown object",
+        "negative only",
+        "no prompt",
+        "unwritable out",
+        "bad option value",
+        "unknown backend",
+    ],
+)
 def test_bad_input_one_line_error(tmp_path, case):
     args, needle = _bad_inputs(tmp_path)[case]
     if "--out" not in args:
@@ -154,9 +170,24 @@ def test_sigint_finalises_outputs(tmp_path):
     video = make_video(tmp_path / "long.mp4", square_frames(n, w, h, step=1), fps=25)
     ys, xs = np.nonzero(square_mask(0, w, h, step=1))
     out = tmp_path / "out"
-    proc = subprocess.Popen([*CLI, "track", str(video), "--point", f"{int(xs.mean())},{int(ys.mean())}",
-                             "--out", str(out), "--save", "video,png,json,mot", "--max-frames", str(n)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            *CLI,
+            "track",
+            str(video),
+            "--point",
+            f"{int(xs.mean())},{int(ys.mean())}",
+            "--out",
+            str(out),
+            "--save",
+            "video,png,json,mot",
+            "--max-frames",
+            str(n),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list((out / "masks").glob("*.png"))) < 10:
         time.sleep(0.05)
@@ -175,8 +206,12 @@ def test_sigterm_and_sighup_also_finalise(tmp_path, sig):
     n, w, h = 300, 320, 192
     video = make_video(tmp_path / "long.mp4", square_frames(n, w, h, step=1), fps=25)
     out = tmp_path / "out"
-    proc = subprocess.Popen([*CLI, "track", str(video), "--point", "60,96", "--out", str(out), "--save", "video,json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "track", str(video), "--point", "60,96", "--out", str(out), "--save", "video,json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not list(out.glob("*.tmp*")) and not (out / "overlay.mp4").exists():
         time.sleep(0.05)

@@ -7,15 +7,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from media import moving_square_clip, square_mask
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "samples" / "examples"
 
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True,
-                          timeout=240)
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True, timeout=240
+    )
 
 
 def test_track_scene_example(tmp_path):

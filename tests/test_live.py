@@ -11,23 +11,31 @@ import random
 import socketserver
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import av
 import numpy as np
 import pytest
-from rtsp_server import RtspServer, serving, server_available
-
 from media import media_dir
+from rtsp_server import RtspServer, server_available, serving
+
 from vostream.pipeline import Pipeline
 from vostream.pipeline.errors import ConfigError, SourceError
+from vostream.pipeline.reconnect import (
+    ENDED,
+    RECONNECTING,
+    RUNNING,
+    STALLED,
+    ReconnectPolicy,
+    SourceSupervisor,
+)
 from vostream.pipeline.testing import ListSinkSpec, SlowStage
 from vostream.pipeline.types import Prompt
 from vostream.samples.scenes import iou, render_scene
 from vostream.stages.sources import live
-from vostream.stages.sources.live import (ENDED, RECONNECTING, RUNNING, STALLED, LiveSource, ReconnectPolicy,
-                                  SourceSupervisor, open_options, v4l2_options)
+from vostream.stages.sources.live import LiveSource, open_options, v4l2_options
 
 W, H, FPS, N = 320, 240, 30, 300
 FAST = ReconnectPolicy(initial_s=0.2, max_s=1.0)
@@ -40,7 +48,9 @@ def scene() -> Any:
     return render_scene("deform", W, H, frames=N)
 
 
-def write_clip(path: Path, frames: np.ndarray, fps: int = FPS, gop: int = FPS, fmt: str | None = None) -> Path:
+def write_clip(
+    path: Path, frames: np.ndarray, fps: int = FPS, gop: int = FPS, fmt: str | None = None
+) -> Path:
     """H.264 with a keyframe every ``gop`` frames (a camera-like GOP: a client can join within a second)."""
     with av.open(str(path), "w", format=fmt) as out:
         stream = out.add_stream("libx264", rate=fps)
@@ -76,6 +86,7 @@ def vostream_threads() -> set[str]:
 
 # -- supervisor and options (no I/O) ------------------------------------------------------------------------------
 
+
 def test_backoff_is_exponential_capped_and_jittered() -> None:
     policy = ReconnectPolicy(initial_s=0.5, max_s=4.0, factor=2.0, jitter=0.0)
     assert [policy.delay(k) for k in range(1, 6)] == [0.5, 1.0, 2.0, 4.0, 4.0]
@@ -83,15 +94,22 @@ def test_backoff_is_exponential_capped_and_jittered() -> None:
     rng = random.Random(1)
     delays = [jittered.delay(3, rng) for _ in range(200)]
     assert 3.0 <= min(delays) < 3.3 and 4.7 < max(delays) <= 5.0  # 4 s +- 25 %
-    for bad in (dict(initial_s=-1), dict(max_s=0.1, initial_s=1), dict(factor=0.5), dict(jitter=1.0),
-                dict(max_attempts=0)):
+    for bad in (
+        dict(initial_s=-1),
+        dict(max_s=0.1, initial_s=1),
+        dict(factor=0.5),
+        dict(jitter=1.0),
+        dict(max_attempts=0),
+    ):
         with pytest.raises(ConfigError):
             ReconnectPolicy(**bad)  # type: ignore[arg-type]
 
 
 def test_supervisor_states_counts_and_give_up() -> None:
     now = [100.0]
-    sup = SourceSupervisor(ReconnectPolicy(initial_s=1, max_s=1, jitter=0, max_attempts=2), clock=lambda: now[0])
+    sup = SourceSupervisor(
+        ReconnectPolicy(initial_s=1, max_s=1, jitter=0, max_attempts=2), clock=lambda: now[0]
+    )
     seen: list[str] = []
     sup.add_listener(lambda e: seen.append(e.state))
     sup.connecting()
@@ -103,8 +121,16 @@ def test_supervisor_states_counts_and_give_up() -> None:
     sup.connecting()
     now[0] = 113.5
     sup.connected()
-    assert seen == ["connecting", "running", "stalled", "reconnecting", "connecting", "reconnecting", "connecting",
-                    "running"]
+    assert seen == [
+        "connecting",
+        "running",
+        "stalled",
+        "reconnecting",
+        "connecting",
+        "reconnecting",
+        "connecting",
+        "running",
+    ]
     snap = sup.snapshot()
     assert (snap["reconnects"], snap["stalls"], snap["disconnects"], snap["attempts"]) == (1, 1, 1, 3)
     assert snap["last_reconnect_s"] == 3.5
@@ -135,12 +161,22 @@ def test_open_options_low_latency_and_timeouts() -> None:
 
 
 def test_v4l2_options_without_a_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert v4l2_options("1280x720", 30, "mjpeg") == {"video_size": "1280x720", "framerate": "30",
-                                                       "input_format": "mjpeg"}
-    assert v4l2_options(pixel_format="yuyv422", framerate="29.97") == {"pixel_format": "yuyv422",
-                                                                        "framerate": "29.97"}
-    for bad in (dict(video_size="720p"), dict(video_size="0x10"), dict(framerate=-1), dict(framerate="fast"),
-                dict(input_format="MJPEG; rm")):
+    assert v4l2_options("1280x720", 30, "mjpeg") == {
+        "video_size": "1280x720",
+        "framerate": "30",
+        "input_format": "mjpeg",
+    }
+    assert v4l2_options(pixel_format="yuyv422", framerate="29.97") == {
+        "pixel_format": "yuyv422",
+        "framerate": "29.97",
+    }
+    for bad in (
+        dict(video_size="720p"),
+        dict(video_size="0x10"),
+        dict(framerate=-1),
+        dict(framerate="fast"),
+        dict(input_format="MJPEG; rm"),
+    ):
         with pytest.raises(ConfigError):
             v4l2_options(**bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="only apply to /dev/videoN"):
@@ -162,19 +198,25 @@ def test_v4l2_options_without_a_device(monkeypatch: pytest.MonkeyPatch) -> None:
     busy = LiveSource("/dev/video0", video_size="640x480", framerate=15, input_format="mjpeg")
     with pytest.raises(SourceError, match="camera /dev/video0 is busy: another program"):
         busy.open()
-    assert calls[0]["format"] == "v4l2" and calls[0]["options"] == {"video_size": "640x480", "framerate": "15",
-                                                                     "input_format": "mjpeg"}
+    assert calls[0]["format"] == "v4l2" and calls[0]["options"] == {
+        "video_size": "640x480",
+        "framerate": "15",
+        "input_format": "mjpeg",
+    }
     assert busy.supervisor.state == ENDED
 
 
 def test_unreachable_rtsp_fails_fast_with_one_line() -> None:
     with pytest.raises(SourceError, match=r"cannot connect to rtsp://127\.0\.0\.1:1/live: .*check the host"):
         LiveSource("rtsp://127.0.0.1:1/live", open_timeout=2).open()
-    with pytest.raises(SourceError, match="rtsp://user:\\*\\*\\*@127"):  # the password never reaches logs/errors
+    with pytest.raises(
+        SourceError, match="rtsp://user:\\*\\*\\*@127"
+    ):  # the password never reaches logs/errors
         LiveSource("rtsp://user:secret@127.0.0.1:1/live", open_timeout=2).open()
 
 
 # -- real RTSP server ------------------------------------------------------------------------------------------
+
 
 @needs_server
 def test_track_over_rtsp_matches_ground_truth(rtsp_server: RtspServer) -> None:
@@ -189,8 +231,11 @@ def test_track_over_rtsp_matches_ground_truth(rtsp_server: RtspServer) -> None:
     source = LiveSource(rtsp_server.url, read_timeout=3, max_frames=75)
     tracker = load_tracker("classic")
     x, y = sc.click(1)
-    stages = [PreprocessStage(tracker.input_spec, ring=8), TrackStage(tracker, [Prompt(1, 0, [[x, y]], [1])]),
-              PostprocessStage()]
+    stages = [
+        PreprocessStage(tracker.input_spec, ring=8),
+        TrackStage(tracker, [Prompt(1, 0, [[x, y]], [1])]),
+        PostprocessStage(),
+    ]
     sink = ListSinkSpec(queue_size=64)
     report = Pipeline(source, stages, [sink], policy="block", name="rtsp-track").run()
     frames = sink.items
@@ -217,8 +262,11 @@ def test_server_killed_and_restarted_reconnects_and_tracking_resumes(rtsp_server
     source = LiveSource(rtsp_server.url, read_timeout=2, reconnect=FAST)
     tracker = load_tracker("classic")
     x, y = sc.click(1)
-    stages = [PreprocessStage(tracker.input_spec, ring=6), TrackStage(tracker, [Prompt(1, 0, [[x, y]], [1])]),
-              PostprocessStage()]
+    stages = [
+        PreprocessStage(tracker.input_spec, ring=6),
+        TrackStage(tracker, [Prompt(1, 0, [[x, y]], [1])]),
+        PostprocessStage(),
+    ]
     sink = ListSinkSpec(queue_size=4)
     pipe = Pipeline(source, stages, [sink], queue_size=1, name="reconnect")
     rss0 = rss()
@@ -241,7 +289,7 @@ def test_server_killed_and_restarted_reconnects_and_tracking_resumes(rtsp_server
     assert extra["last_reconnect_s"] < 5.0  # loss -> running again, server away for 1 s
     states = [e.state for e in source.supervisor.events]
     assert states[:2] == ["connecting", "running"] and RECONNECTING in states
-    assert states[states.index(RECONNECTING):].count(RUNNING) == 1
+    assert states[states.index(RECONNECTING) :].count(RUNNING) == 1
     frames = sink.items
     indices = [f.index for f in frames]
     assert indices == sorted(set(indices))  # strictly increasing across the reconnect
@@ -324,7 +372,9 @@ def test_slow_tracker_keeps_frame_age_bounded(rtsp_server: RtspServer) -> None:
     assert m["track"].age_ms_p95 <= tracker_ms + 2 * period_ms, (m["track"].age_ms_p95, tracker_ms)
     decoded = m["decode"].frames_out
     assert m["track"].drops >= decoded * 0.5  # ~2 of 3 frames dropped before the tracker ...
-    assert m["track"].frames_in + m["track"].drops + m["track"].discarded + 1 >= decoded  # ... and all accounted for
+    assert (
+        m["track"].frames_in + m["track"].drops + m["track"].discarded + 1 >= decoded
+    )  # ... and all accounted for
     assert m["track"].frames_in <= 4.5 / slow + 2
     assert rss_end - rss_mid < 20 * 2**20  # flat
 
@@ -369,8 +419,9 @@ def test_http_stream_end_is_a_disconnect(tmp_path: Path) -> None:
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         try:
             url = f"http://127.0.0.1:{httpd.server_address[1]}/clip.ts"
-            with LiveSource(url, read_timeout=2, reconnect=ReconnectPolicy(initial_s=0.05, max_s=0.1),
-                            max_frames=50) as source:
+            with LiveSource(
+                url, read_timeout=2, reconnect=ReconnectPolicy(initial_s=0.05, max_s=0.1), max_frames=50
+            ) as source:
                 frames = list(source)
         finally:
             httpd.shutdown()

@@ -14,23 +14,23 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
-from PIL import Image
-from rtsp_server import RtspServer, serving, server_available
-
 from media import media_dir
+from PIL import Image
+from rtsp_server import RtspServer, server_available, serving
 from test_live import write_clip
+
 from vostream.pipeline.apps.config import TrackSettings
+from vostream.pipeline.apps.live_prompts import PromptTimer, TimedPrompt, load_live_prompts
 from vostream.pipeline.errors import PromptError
-from vostream.pipeline.types import Prompt
+from vostream.pipeline.types import Prompt, RemoveObject
 from vostream.samples.scenes import iou, render_scene
-from vostream.stages.sources.live import PromptTimer, TimedPrompt, load_live_prompts
-from vostream.stages.track import RemoveObject
 
 W, H, FPS, N = 320, 240, 30, 300
 
@@ -59,14 +59,20 @@ def write_prompts(path: Path, entries: Any) -> Path:
 
 # -- load_live_prompts ---------------------------------------------------------------------------------------------
 
+
 def test_load_splits_frame_and_wall_clock_triggers(tmp_path: Path) -> None:
-    f = write_prompts(tmp_path / "p.json", {"prompts": [
-        {"obj": 1, "frame": 0, "points": [[10, 20]]},
-        {"obj": 2, "after_s": 1.5, "box": [1, 2, 30, 40]},
-        {"obj": 1, "at": 1_700_000_000, "points": [[5, 6], [7, 8]], "labels": [1, 0]},
-        {"obj": 2, "after_s": 3, "remove": True},
-        {"obj": 3, "frame": 45, "points": [[50, 60]]},
-    ]})
+    f = write_prompts(
+        tmp_path / "p.json",
+        {
+            "prompts": [
+                {"obj": 1, "frame": 0, "points": [[10, 20]]},
+                {"obj": 2, "after_s": 1.5, "box": [1, 2, 30, 40]},
+                {"obj": 1, "at": 1_700_000_000, "points": [[5, 6], [7, 8]], "labels": [1, 0]},
+                {"obj": 2, "after_s": 3, "remove": True},
+                {"obj": 3, "frame": 45, "points": [[50, 60]]},
+            ]
+        },
+    )
     frame_prompts, timed = load_live_prompts(f)
     assert [(p.obj_id, p.frame_index) for p in frame_prompts] == [(1, 0), (3, 45)]
     assert [(t.after_s, t.at) for t in timed] == [(1.5, None), (None, 1_700_000_000.0), (3.0, None)]
@@ -75,16 +81,19 @@ def test_load_splits_frame_and_wall_clock_triggers(tmp_path: Path) -> None:
     assert timed[2].message == RemoveObject(2, 0)
 
 
-@pytest.mark.parametrize("entries, match", [
-    ([{"obj": 1, "after_s": 1, "at": 5, "points": [[1, 1]]}], "give one trigger"),
-    ([{"obj": 1, "after_s": 1, "frame": 3, "points": [[1, 1]]}], "give one trigger"),
-    ([{"obj": 1, "after_s": -2, "points": [[1, 1]]}], "seconds >= 0"),
-    ([{"obj": 1, "after_s": "soon", "points": [[1, 1]]}], "seconds >= 0"),
-    ([{"obj": 1, "after_s": True, "points": [[1, 1]]}], "seconds >= 0"),
-    ([{"obj": 1, "after_s": 1, "points": [[1, 1]], "colour": 3}], "unknown key"),
-    ([{"obj": 1, "after_s": 1, "points": "x"}], "points"),
-    ({"prompts": 3}, "expected"),
-])
+@pytest.mark.parametrize(
+    "entries, match",
+    [
+        ([{"obj": 1, "after_s": 1, "at": 5, "points": [[1, 1]]}], "give one trigger"),
+        ([{"obj": 1, "after_s": 1, "frame": 3, "points": [[1, 1]]}], "give one trigger"),
+        ([{"obj": 1, "after_s": -2, "points": [[1, 1]]}], "seconds >= 0"),
+        ([{"obj": 1, "after_s": "soon", "points": [[1, 1]]}], "seconds >= 0"),
+        ([{"obj": 1, "after_s": True, "points": [[1, 1]]}], "seconds >= 0"),
+        ([{"obj": 1, "after_s": 1, "points": [[1, 1]], "colour": 3}], "unknown key"),
+        ([{"obj": 1, "after_s": 1, "points": "x"}], "points"),
+        ({"prompts": 3}, "expected"),
+    ],
+)
 def test_bad_live_prompts_file_is_one_prompt_error(tmp_path: Path, entries: Any, match: str) -> None:
     f = write_prompts(tmp_path / "bad.json", entries)
     with pytest.raises(PromptError, match=match) as info:
@@ -111,6 +120,7 @@ def test_non_finite_trigger_and_unreadable_files(tmp_path: Path) -> None:
 
 # -- PromptTimer with a manual clock ---------------------------------------------------------------------------------
 
+
 def _timed(obj: int, *, after_s: float | None = None, at: float | None = None) -> TimedPrompt:
     return TimedPrompt(Prompt(obj, 0, [[1.0, 2.0]], [1]), after_s, at)
 
@@ -119,8 +129,12 @@ def test_timer_waits_for_the_first_frame_then_fires_in_order() -> None:
     source = SimpleNamespace(last_index=-1, first_frame_time=None)
     sent: list[Any] = []
     clock = [1000.0]
-    timer = PromptTimer(sent.append, source, [_timed(2, after_s=2.0), _timed(1, after_s=0.5),
-                                              _timed(3, at=1004.0), _timed(4, at=900.0)], clock=lambda: clock[0])
+    timer = PromptTimer(
+        sent.append,
+        source,
+        [_timed(2, after_s=2.0), _timed(1, after_s=0.5), _timed(3, at=1004.0), _timed(4, at=900.0)],
+        clock=lambda: clock[0],
+    )
     # No frame yet: nothing is sent, not even the 'at' prompt already in the past.
     clock[0] = 1010.0
     assert timer.poll() == 1010.0 and sent == [] and timer.started is None
@@ -150,8 +164,9 @@ def test_timer_reindexes_removals_and_survives_a_failing_send() -> None:
         if len(calls) == 1:
             raise RuntimeError("pipeline gone")
 
-    timer = PromptTimer(send, source, [_timed(1, after_s=0.0), TimedPrompt(RemoveObject(1), after_s=1.0)],
-                        clock=lambda: 60.0)
+    timer = PromptTimer(
+        send, source, [_timed(1, after_s=0.0), TimedPrompt(RemoveObject(1), after_s=1.0)], clock=lambda: 60.0
+    )
     assert timer.poll() is None
     assert timer.failed == 1 and timer.sent == 1
     assert calls[1] == RemoveObject(1, 8)
@@ -160,8 +175,9 @@ def test_timer_reindexes_removals_and_survives_a_failing_send() -> None:
 def test_timer_thread_sends_on_time_and_close_joins() -> None:
     source = SimpleNamespace(last_index=-1, first_frame_time=None)
     sent: list[tuple[float, Any]] = []
-    timer = PromptTimer(lambda m: sent.append((time.time(), m)), source,
-                        [_timed(1, after_s=0.3), _timed(2, after_s=60.0)]).start()
+    timer = PromptTimer(
+        lambda m: sent.append((time.time(), m)), source, [_timed(1, after_s=0.3), _timed(2, after_s=60.0)]
+    ).start()
     try:
         time.sleep(0.2)
         first = time.time()
@@ -182,9 +198,11 @@ def test_timer_thread_sends_on_time_and_close_joins() -> None:
 
 # -- end to end over RTSP ------------------------------------------------------------------------------------------
 
+
 @needs_server
-def test_after_s_object_appears_from_about_the_right_frame(rtsp_server: RtspServer, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_after_s_object_appears_from_about_the_right_frame(
+    rtsp_server: RtspServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Object 1 from a frame trigger, object 2 added 1 s after the first frame: its masks start ~30+ frames in
     and match the ground truth (frames named by the source index, which follows the stream's pts).
 
@@ -209,23 +227,37 @@ def test_after_s_object_appears_from_about_the_right_frame(rtsp_server: RtspServ
     # The trigger fires ~after_s after the first frame, later in media time when the first frames came in a burst
     # (probing): click object 2 at a pixel it covers throughout frames start..start+WINDOW.
     window = 45
-    inside = np.all(sc.labels[start:start + window] == 2, axis=0)
+    inside = np.all(sc.labels[start : start + window] == 2, axis=0)
     ys, xs = np.nonzero(inside)
     assert len(xs), "no pixel inside object 2 for the whole window"
     k = int(np.argmin((xs - xs.mean()) ** 2 + (ys - ys.mean()) ** 2))
     click2 = [int(xs[k]), int(ys[k])]
-    prompts = write_prompts(tmp_path / "live.json", {"prompts": [
-        {"obj": 1, "frame": 0, "points": [list(map(round, sc.click(1)))]},
-        {"obj": 2, "after_s": after, "points": [click2]},
-    ]})
+    prompts = write_prompts(
+        tmp_path / "live.json",
+        {
+            "prompts": [
+                {"obj": 1, "frame": 0, "points": [list(map(round, sc.click(1)))]},
+                {"obj": 2, "after_s": after, "points": [click2]},
+            ]
+        },
+    )
     out = tmp_path / "out"
-    settings = TrackSettings(source=rtsp_server.url, out=str(out), save=("png",), prompts_file=str(prompts),
-                             max_frames=90, read_timeout=3, quiet=True)
+    settings = TrackSettings(
+        source=rtsp_server.url,
+        out=str(out),
+        save=("png",),
+        prompts_file=str(prompts),
+        max_frames=90,
+        read_timeout=3,
+        quiet=True,
+    )
     report = run_track(settings)
     assert not report.interrupted
     summary = json.loads((out / "summary.json").read_text())
     nodes = {n["name"]: n for n in summary["metrics"]["nodes"]}
-    assert nodes["decode"]["frames_out"] == 90  # the tracker may skip frames (latest edges); the source does not
+    assert (
+        nodes["decode"]["frames_out"] == 90
+    )  # the tracker may skip frames (latest edges); the source does not
     assert nodes["track"]["extra"]["applied_prompts"] == 2, nodes["track"]["extra"]
     pngs = sorted((out / "masks").glob("*.png"))
     assert len(pngs) == report.frames >= 25
@@ -257,9 +289,24 @@ def test_cli_bad_live_prompts_file_one_line_error(rtsp_server: RtspServer, tmp_p
     bad = write_prompts(tmp_path / "bad.json", [{"obj": 2, "after_s": -1, "points": [[10, 10]]}])
     outside = write_prompts(tmp_path / "outside.json", [{"obj": 2, "after_s": 1, "points": [[5000, 10]]}])
     for path, match in ((bad, "seconds >= 0"), (outside, "outside the 320x240 frame")):
-        r = subprocess.run([sys.executable, "-m", "vostream.pipeline.apps.cli", "track", rtsp_server.url,
-                            "--prompts", str(path), "--out", str(tmp_path / "o"), "--max-frames", "5"],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "vostream.pipeline.apps.cli",
+                "track",
+                rtsp_server.url,
+                "--prompts",
+                str(path),
+                "--out",
+                str(tmp_path / "o"),
+                "--max-frames",
+                "5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == PromptError.exit_code, r.stderr
         lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
         assert len(lines) == 1 and match in lines[0], r.stderr

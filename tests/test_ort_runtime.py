@@ -13,21 +13,26 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+
 from vostream.pipeline.errors import BackendError
-from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec, load_manifest
 from vostream.stages.trackers.sam2.backends.ort import CPU_EP, CUDA_EP, TRT_EP, OrtRuntime
+from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec, load_manifest
 from vostream.stages.trackers.sam2.runtime import DeviceBuffer
 
-L, T, M = 3, 4, 3          # bank slots, tokens per slot, memory dim
+L, T, M = 3, 4, 3  # bank slots, tokens per slot, memory dim
 F = TensorProto.FLOAT
 _ONNX_DTYPES = {"float32": F, "int64": TensorProto.INT64, "int32": TensorProto.INT32}
 
 
-def _model(nodes: list, ins: list[TensorSpec], outs: list[TensorSpec], inits: list | None = None) -> onnx.ModelProto:
+def _model(
+    nodes: list, ins: list[TensorSpec], outs: list[TensorSpec], inits: list | None = None
+) -> onnx.ModelProto:
     vi = [helper.make_tensor_value_info(t.name, _ONNX_DTYPES[t.dtype], list(t.shape)) for t in ins]
     vo = [helper.make_tensor_value_info(t.name, _ONNX_DTYPES[t.dtype], list(t.shape)) for t in outs]
-    m = helper.make_model(helper.make_graph(nodes, "g", vi, vo, initializer=inits or []),
-                          opset_imports=[helper.make_opsetid("", 17)])
+    m = helper.make_model(
+        helper.make_graph(nodes, "g", vi, vo, initializer=inits or []),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
     m.ir_version = 8
     onnx.checker.check_model(m)
     return m
@@ -42,38 +47,86 @@ def _graphs() -> dict[str, tuple[onnx.ModelProto, GraphSpec]]:
     g: dict[str, tuple[onnx.ModelProto, GraphSpec]] = {}
     # "encoder": feat = image * 2 + 1
     i, o = [TensorSpec("image", (1, T, M), "float32")], [TensorSpec("feat", (1, T, M), "float32")]
-    g["image_encoder"] = (_model([helper.make_node("Mul", ["image", "two"], ["t"]),
-                                  helper.make_node("Add", ["t", "one"], ["feat"])], i, o,
-                                 [_scalar("two", 2.0), _scalar("one", 1.0)]),
-                          GraphSpec("image_encoder", "image_encoder.onnx", tuple(i), tuple(o)))
+    g["image_encoder"] = (
+        _model(
+            [
+                helper.make_node("Mul", ["image", "two"], ["t"]),
+                helper.make_node("Add", ["t", "one"], ["feat"]),
+            ],
+            i,
+            o,
+            [_scalar("two", 2.0), _scalar("one", 1.0)],
+        ),
+        GraphSpec("image_encoder", "image_encoder.onnx", tuple(i), tuple(o)),
+    )
     # two outputs: maskmem = feat * 10 (bound to a bank slot), obj_ptr = mean over tokens
     i = [TensorSpec("feat", (1, T, M), "float32")]
     o = [TensorSpec("maskmem", (1, T, M), "float32"), TensorSpec("obj_ptr", (1, M), "float32")]
-    g["memory_encoder"] = (_model([helper.make_node("Mul", ["feat", "ten"], ["maskmem"]),
-                                   helper.make_node("ReduceMean", ["feat"], ["obj_ptr"], axes=[1], keepdims=0)], i, o,
-                                  [_scalar("ten", 10.0)]),
-                           GraphSpec("memory_encoder", "memory_encoder.onnx", tuple(i), tuple(o)))
+    g["memory_encoder"] = (
+        _model(
+            [
+                helper.make_node("Mul", ["feat", "ten"], ["maskmem"]),
+                helper.make_node("ReduceMean", ["feat"], ["obj_ptr"], axes=[1], keepdims=0),
+            ],
+            i,
+            o,
+            [_scalar("ten", 10.0)],
+        ),
+        GraphSpec("memory_encoder", "memory_encoder.onnx", tuple(i), tuple(o)),
+    )
     # int64 index + Gather over the whole bank, read in place
     i = [TensorSpec("bank", (L, T, M), "float32"), TensorSpec("slot", (1,), "int64")]
     o = [TensorSpec("pix_feat", (1, T, M), "float32")]
-    g["memory_attention"] = (_model([helper.make_node("Gather", ["bank", "slot"], ["g"], axis=0),
-                                     helper.make_node("Add", ["g", "one"], ["pix_feat"])], i, o, [_scalar("one", 1.0)]),
-                             GraphSpec("memory_attention", "memory_attention.onnx", tuple(i), tuple(o)))
+    g["memory_attention"] = (
+        _model(
+            [
+                helper.make_node("Gather", ["bank", "slot"], ["g"], axis=0),
+                helper.make_node("Add", ["g", "one"], ["pix_feat"]),
+            ],
+            i,
+            o,
+            [_scalar("one", 1.0)],
+        ),
+        GraphSpec("memory_attention", "memory_attention.onnx", tuple(i), tuple(o)),
+    )
     # dynamic K: point sum [1,2] and label sum [1,1]
     i = [TensorSpec("points", (1, "K", 2), "float32"), TensorSpec("labels", (1, "K"), "int32")]
     o = [TensorSpec("psum", (1, 2), "float32"), TensorSpec("lsum", (1, 1), "float32")]
-    g["decoder"] = (_model([helper.make_node("ReduceSum", ["points", "ax1"], ["psum"], keepdims=0),
-                            helper.make_node("Cast", ["labels"], ["lf"], to=F),
-                            helper.make_node("ReduceSum", ["lf", "ax1"], ["lsum"], keepdims=1)], i, o,
-                           [helper.make_tensor("ax1", TensorProto.INT64, [1], [1])]),
-                    GraphSpec("decoder", "decoder.onnx", tuple(i), tuple(o)))
+    g["decoder"] = (
+        _model(
+            [
+                helper.make_node("ReduceSum", ["points", "ax1"], ["psum"], keepdims=0),
+                helper.make_node("Cast", ["labels"], ["lf"], to=F),
+                helper.make_node("ReduceSum", ["lf", "ax1"], ["lsum"], keepdims=1),
+            ],
+            i,
+            o,
+            [helper.make_tensor("ax1", TensorProto.INT64, [1], [1])],
+        ),
+        GraphSpec("decoder", "decoder.onnx", tuple(i), tuple(o)),
+    )
     return g
 
 
 def _manifest(specs: dict[str, GraphSpec]) -> Manifest:
-    return Manifest(family="sam2", image_size=16, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), grid=1, hidden_dim=M,
-                    mem_dim=M, tokens_per_slot=T, mask_size=4, cond_slots=1, recent_slots=L - 1, pointer_slots=16,
-                    max_object_pointers=16, num_maskmem=L, algorithm={}, graphs=specs)
+    return Manifest(
+        family="sam2",
+        image_size=16,
+        mean=(0.0, 0.0, 0.0),
+        std=(1.0, 1.0, 1.0),
+        grid=1,
+        hidden_dim=M,
+        mem_dim=M,
+        tokens_per_slot=T,
+        mask_size=4,
+        cond_slots=1,
+        recent_slots=L - 1,
+        pointer_slots=16,
+        max_object_pointers=16,
+        num_maskmem=L,
+        algorithm={},
+        graphs=specs,
+    )
 
 
 def _write(d: Path, specs: dict[str, GraphSpec] | None = None) -> Manifest:
@@ -112,9 +165,13 @@ def test_output_lands_in_interior_slot_only(rt: OrtRuntime) -> None:
     x = _img(1)
     rt.upload(feat, x)
     host_before = rt._allocs[bank.handle].host.ctypes.data
-    for slot in (1, 2, 0, 1):                                   # move the bound slot around: rebinding must follow
+    for slot in (1, 2, 0, 1):  # move the bound slot around: rebinding must follow
         rt.upload(bank, sentinel)
-        rt.run("memory_encoder", {"feat": feat}, {"maskmem": rt.view(bank, slot * T * M, (1, T, M)), "obj_ptr": ptr})
+        rt.run(
+            "memory_encoder",
+            {"feat": feat},
+            {"maskmem": rt.view(bank, slot * T * M, (1, T, M)), "obj_ptr": ptr},
+        )
         got = rt.download(bank)
         want = sentinel.copy()
         want[slot] = x[0] * 10
@@ -142,7 +199,13 @@ def test_chain_without_host_traffic_and_exact_stats(rt: OrtRuntime) -> None:
     out = rt.download(pix)
     np.testing.assert_allclose(out, (x * 2 + 1) * 10 + 1, rtol=1e-5)
     d = rt.stats.minus(before)
-    assert (d.h2d_bytes, d.d2h_bytes, d.d2d_bytes, d.h2d_calls, d.d2h_calls) == (x.nbytes + 8, out.nbytes, 0, 2, 1)
+    assert (d.h2d_bytes, d.d2h_bytes, d.d2d_bytes, d.h2d_calls, d.d2h_calls) == (
+        x.nbytes + 8,
+        out.nbytes,
+        0,
+        2,
+        1,
+    )
     assert d.runs == {"image_encoder": 1, "memory_encoder": 1, "memory_attention": 1}
     assert all(s > 0 for s in d.run_s.values())
     # download into a caller array counts too, and returns that array
@@ -185,25 +248,50 @@ def test_fallback_copy_when_ort_does_not_write_in_place(tmp_path: Path) -> None:
 
 
 # -- manifest enforcement ---------------------------------------------------------------------------------------------
-def _broken(specs: dict[str, GraphSpec], graph: str, io: str, idx: int, **change: object) -> dict[str, GraphSpec]:
+def _broken(
+    specs: dict[str, GraphSpec], graph: str, io: str, idx: int, **change: object
+) -> dict[str, GraphSpec]:
     gs = specs[graph]
     ts = list(getattr(gs, io))
     t = ts[idx]
-    ts[idx] = TensorSpec(str(change.get("name", t.name)), tuple(change.get("shape", t.shape)),  # type: ignore[arg-type]
-                         str(change.get("dtype", t.dtype)))
-    return {**specs, graph: GraphSpec(gs.name, gs.file, *((tuple(ts), gs.outputs) if io == "inputs"
-                                                          else (gs.inputs, tuple(ts))))}
+    ts[idx] = TensorSpec(
+        str(change.get("name", t.name)),
+        tuple(change.get("shape", t.shape)),  # type: ignore[arg-type]
+        str(change.get("dtype", t.dtype)),
+    )
+    return {
+        **specs,
+        graph: GraphSpec(
+            gs.name, gs.file, *((tuple(ts), gs.outputs) if io == "inputs" else (gs.inputs, tuple(ts)))
+        ),
+    }
 
 
-@pytest.mark.parametrize("graph,io,idx,change,needles", [
-    ("image_encoder", "inputs", 0, {"name": "img"}, ["image_encoder", "'img'", "not in the model"]),
-    ("memory_attention", "inputs", 1, {"dtype": "int32"}, ["memory_attention", "'slot'", "int32", "int64"]),
-    ("memory_encoder", "outputs", 0, {"shape": (1, T, 5)}, ["memory_encoder", "'maskmem'", "[1,4,5]", "[1,4,3]"]),
-    ("memory_attention", "inputs", 0, {"shape": (L, T)}, ["'bank'", "shape"]),
-    ("image_encoder", "inputs", 0, {"shape": (1, "N", M)}, ["'image'", "[1,N,3]", "[1,4,3]"]),
-])
-def test_manifest_mismatch_names_tensor(tmp_path: Path, graph: str, io: str, idx: int, change: dict,
-                                        needles: list[str]) -> None:
+@pytest.mark.parametrize(
+    "graph,io,idx,change,needles",
+    [
+        ("image_encoder", "inputs", 0, {"name": "img"}, ["image_encoder", "'img'", "not in the model"]),
+        (
+            "memory_attention",
+            "inputs",
+            1,
+            {"dtype": "int32"},
+            ["memory_attention", "'slot'", "int32", "int64"],
+        ),
+        (
+            "memory_encoder",
+            "outputs",
+            0,
+            {"shape": (1, T, 5)},
+            ["memory_encoder", "'maskmem'", "[1,4,5]", "[1,4,3]"],
+        ),
+        ("memory_attention", "inputs", 0, {"shape": (L, T)}, ["'bank'", "shape"]),
+        ("image_encoder", "inputs", 0, {"shape": (1, "N", M)}, ["'image'", "[1,N,3]", "[1,4,3]"]),
+    ],
+)
+def test_manifest_mismatch_names_tensor(
+    tmp_path: Path, graph: str, io: str, idx: int, change: dict, needles: list[str]
+) -> None:
     specs = {n: s for n, (_, s) in _graphs().items()}
     m = _write(tmp_path, _broken(specs, graph, io, idx, **change))
     with OrtRuntime(threads=1) as r, pytest.raises(BackendError) as ei:
@@ -215,7 +303,9 @@ def test_manifest_mismatch_names_tensor(tmp_path: Path, graph: str, io: str, idx
 def test_manifest_may_pin_a_dynamic_model_axis(tmp_path: Path) -> None:
     """A manifest static dim over a dynamic model axis loads, and run() then enforces the manifest's value."""
     specs = {n: s for n, (_, s) in _graphs().items()}
-    specs = _broken(_broken(specs, "decoder", "inputs", 0, shape=(1, 4, 2)), "decoder", "inputs", 1, shape=(1, 4))
+    specs = _broken(
+        _broken(specs, "decoder", "inputs", 0, shape=(1, 4, 2)), "decoder", "inputs", 1, shape=(1, 4)
+    )
     m = _write(tmp_path, specs)
     with OrtRuntime(threads=1) as r:
         r.load(m, tmp_path)
@@ -233,7 +323,10 @@ def test_extra_model_tensor_is_reported(tmp_path: Path) -> None:
     gs = specs["memory_encoder"]
     specs["memory_encoder"] = GraphSpec(gs.name, gs.file, gs.inputs, gs.outputs[:1])
     m = _write(tmp_path, specs)
-    with OrtRuntime(threads=1) as r, pytest.raises(BackendError, match="model output 'obj_ptr' is not in the manifest"):
+    with (
+        OrtRuntime(threads=1) as r,
+        pytest.raises(BackendError, match="model output 'obj_ptr' is not in the manifest"),
+    ):
         r.load(m, tmp_path)
 
 
@@ -244,7 +337,7 @@ def test_corrupt_and_missing_graph_files(tmp_path: Path) -> None:
         with pytest.raises(BackendError, match=r"decoder\.onnx.*CPUExecutionProvider") as ei:
             r.load(m, tmp_path)
         assert ei.value.__cause__ is not None
-        assert r.providers_in_use == {}                     # all or nothing
+        assert r.providers_in_use == {}  # all or nothing
         (tmp_path / "decoder.onnx").unlink()
         with pytest.raises(BackendError, match=r"'decoder'.*decoder\.onnx not found"):
             r.load(m, tmp_path)
@@ -283,7 +376,7 @@ def test_run_validates_bindings(rt: OrtRuntime) -> None:
     bogus = DeviceBuffer(image.handle, 8, (1, T, M), "float32", T * M * 4)
     with pytest.raises(BackendError, match="does not fit"):
         rt.download(bogus)
-    assert rt.stats.runs == {}                              # nothing ran
+    assert rt.stats.runs == {}  # nothing ran
 
 
 def test_upload_download_validation(rt: OrtRuntime) -> None:
@@ -292,7 +385,7 @@ def test_upload_download_validation(rt: OrtRuntime) -> None:
         rt.upload(b, np.zeros((2, 3)))
     with pytest.raises(BackendError, match=r"upload\(b\)"):
         rt.upload(b, np.zeros((4,), np.float32))
-    rt.upload(b, np.arange(6, dtype=np.float32))             # same size, other shape: fine
+    rt.upload(b, np.arange(6, dtype=np.float32))  # same size, other shape: fine
     with pytest.raises(BackendError, match=r"download\(b\)"):
         rt.download(b, out=np.empty((3, 2), np.float32))
     assert rt.stats.h2d_calls == 1 and rt.stats.d2h_calls == 0
@@ -330,11 +423,17 @@ def test_closed_runtime_raises(model_dir: Path) -> None:
     r.load(load_manifest(model_dir), model_dir)
     b = r.alloc((1, T, M), "float32")
     r.close()
-    r.close()                                               # idempotent
-    calls = [lambda: r.load(load_manifest(model_dir), model_dir), lambda: r.alloc((1,), "float32"),
-             lambda: r.view(b, 0, (1,)), lambda: r.upload(b, np.zeros((1, T, M), np.float32)),
-             lambda: r.download(b), lambda: r.run("image_encoder", {"image": b}, {"feat": b}),
-             lambda: r.free(b), lambda: r.providers_in_use]
+    r.close()  # idempotent
+    calls = [
+        lambda: r.load(load_manifest(model_dir), model_dir),
+        lambda: r.alloc((1,), "float32"),
+        lambda: r.view(b, 0, (1,)),
+        lambda: r.upload(b, np.zeros((1, T, M), np.float32)),
+        lambda: r.download(b),
+        lambda: r.run("image_encoder", {"image": b}, {"feat": b}),
+        lambda: r.free(b),
+        lambda: r.providers_in_use,
+    ]
     for call in calls:
         with pytest.raises(BackendError, match="runtime is closed"):
             call()
@@ -343,14 +442,16 @@ def test_closed_runtime_raises(model_dir: Path) -> None:
 
 # -- providers --------------------------------------------------------------------------------------------------------
 def test_providers_in_use_and_describe(rt: OrtRuntime) -> None:
-    assert rt.providers_in_use == {n: [CPU_EP] for n in ("image_encoder", "memory_encoder", "memory_attention",
-                                                          "decoder")}
+    assert rt.providers_in_use == {
+        n: [CPU_EP] for n in ("image_encoder", "memory_encoder", "memory_attention", "decoder")
+    }
     s = rt.describe()
     assert "CPUExecutionProvider" in s and "4 graphs" in s and "threads 1" in s
 
 
 def test_missing_provider(monkeypatch: pytest.MonkeyPatch) -> None:
     import onnxruntime
+
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: [CPU_EP])
     for req in (["cuda"], ["tensorrt"], [CUDA_EP]):
         with pytest.raises(BackendError) as ei:
@@ -362,6 +463,7 @@ def test_missing_provider(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_provider_expansion(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import onnxruntime
+
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: [TRT_EP, CUDA_EP, CPU_EP])
     r = OrtRuntime(["tensorrt"], device_id=1, trt_cache_dir=tmp_path / "engines")
     assert [p if isinstance(p, str) else p[0] for p in r._providers] == [TRT_EP, CUDA_EP, CPU_EP]
@@ -370,12 +472,14 @@ def test_provider_expansion(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     assert trt_opts["trt_engine_cache_path"] == str(tmp_path / "engines") and (tmp_path / "engines").is_dir()
     assert r._providers[1] == (CUDA_EP, {"device_id": 1}) and r._device_type == "cuda"
     assert OrtRuntime("cpu")._device_type == "cpu"
-    assert OrtRuntime([(CUDA_EP, {"device_id": 0, "arena_extend_strategy": "kSameAsRequested"})])._providers[0][1] \
-        == {"device_id": 0, "arena_extend_strategy": "kSameAsRequested"}
+    assert OrtRuntime([(CUDA_EP, {"device_id": 0, "arena_extend_strategy": "kSameAsRequested"})])._providers[
+        0
+    ][1] == {"device_id": 0, "arena_extend_strategy": "kSameAsRequested"}
 
 
 def test_missing_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
+
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     with pytest.raises(BackendError, match=r"pip install 'vostream\[onnx\]'"):
         OrtRuntime()

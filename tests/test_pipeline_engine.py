@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+
 from vostream.pipeline import BLOCK, LATEST, BoundedQueue, Pipeline, handle_signals
 from vostream.pipeline.engine import END_OF_STREAM
 from vostream.pipeline.errors import ConfigError, OutputError, PromptError, SourceError, StageError
@@ -86,8 +87,11 @@ def test_queue_rejects_bad_settings():
 def test_block_is_lossless_and_ordered_with_finish_items():
     before = _vostream_threads()
     src = ListSource(tokens(300))
-    stages = [FnStage(name="a"), FnStage(lambda t: t if t.index % 3 else None, name="b",
-                                         finish_items=["tail1", "tail2"]), FnStage(name="c")]
+    stages = [
+        FnStage(name="a"),
+        FnStage(lambda t: t if t.index % 3 else None, name="b", finish_items=["tail1", "tail2"]),
+        FnStage(name="c"),
+    ]
     sink = ListSinkSpec("out", queue_size=2, delay=0.0005)
     report = Pipeline(src, stages, [sink], queue_size=2, name="t").run()
     expected = [i for i in range(300) if i % 3]
@@ -139,6 +143,7 @@ def test_fanout_slow_latest_sink_does_not_stall_fast_block_sink():
                 write(item)
                 if item.index == 199:
                     seen_by_slow_when_fast_done.append(len(slow.sink.items))
+
             sink.write = spy
             return sink
 
@@ -156,10 +161,18 @@ def test_edge_policy_resolution():
     live = Pipeline(ListSource([], live=True), [FnStage(name="a")], [ListSinkSpec("s")])
     assert [n.policy for n in live.metrics().nodes[1:]] == [LATEST, LATEST]
     spec = ListSinkSpec("viewer", policy=LATEST)
-    p = Pipeline(ListSource([]), [FnStage(name="a"), FnStage(name="b")], [ListSinkSpec("file"), spec],
-                 policy={"b": LATEST})
+    p = Pipeline(
+        ListSource([]),
+        [FnStage(name="a"), FnStage(name="b")],
+        [ListSinkSpec("file"), spec],
+        policy={"b": LATEST},
+    )
     assert {n.name: n.policy for n in p.metrics().nodes[1:]} == {
-        "a": BLOCK, "b": LATEST, "file": BLOCK, "viewer": LATEST}
+        "a": BLOCK,
+        "b": LATEST,
+        "file": BLOCK,
+        "viewer": LATEST,
+    }
     forced = Pipeline(ListSource([], live=True), [FnStage(name="a")], [ListSinkSpec("s")], policy=BLOCK)
     assert [n.policy for n in forced.metrics().nodes[1:]] == [BLOCK, BLOCK]
 
@@ -169,11 +182,14 @@ def test_duplicate_names_are_made_unique():
     assert p.node_names == ["source", "x", "x#2", "x#3"]
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"policy": "newest"}, "unknown edge policy"),
-    ({"policy": {"nope": LATEST}}, "unknown edge"),
-    ({"queue_size": 0}, "queue_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"policy": "newest"}, "unknown edge policy"),
+        ({"policy": {"nope": LATEST}}, "unknown edge"),
+        ({"queue_size": 0}, "queue_size"),
+    ],
+)
 def test_bad_configuration_is_a_config_error(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         Pipeline(ListSource([]), [FnStage()], [ListSinkSpec()], **kwargs)
@@ -201,7 +217,9 @@ def test_stamps_recorded_after_source_and_each_stage():
 # -- errors --------------------------------------------------------------------------------------------------------
 def _chain(fail: str, exc: BaseException):
     src = ListSource(tokens(40), fail_at=5 if fail == "source" else None, exc=exc)
-    stages = [FailingStage(5, exc, name=n) if n == fail else FnStage(name=n) for n in ("decode", "track", "post")]
+    stages = [
+        FailingStage(5, exc, name=n) if n == fail else FnStage(name=n) for n in ("decode", "track", "post")
+    ]
     sinks = [ListSinkSpec("file", fail_at=5 if fail == "file" else None, exc=exc), ListSinkSpec("other")]
     return src, stages, sinks
 
@@ -401,6 +419,7 @@ def test_handle_signals_refuses_other_threads():
                 pass
         except ConfigError as e:
             errors.append(e)
+
     t = threading.Thread(target=body)
     t.start()
     t.join()

@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from vostream.pipeline import LATEST, BoundedQueue
 from vostream.pipeline.metrics import MetricsSnapshot, NodeMetrics, percentile, snapshot_all
 from vostream.pipeline.testing import ManualClock, Token
@@ -69,6 +70,7 @@ def test_counters_are_thread_safe():
             m.record_in()
             m.record_out()
             m.record_filtered()
+
     threads = [threading.Thread(target=hammer) for _ in range(4)]
     for t in threads:
         t.start()
@@ -104,7 +106,11 @@ def _snapshot() -> MetricsSnapshot:
 def test_snapshot_is_json_able_and_readable():
     snap = _snapshot()
     d = json.loads(json.dumps(snap.as_dict()))
-    assert d["pipeline"] == "cam0" and d["frames"] == 3 and [n["name"] for n in d["nodes"]] == ["source", "track"]
+    assert (
+        d["pipeline"] == "cam0"
+        and d["frames"] == 3
+        and [n["name"] for n in d["nodes"]] == ["source", "track"]
+    )
     assert d["nodes"][0]["latency_ms_p50"] is None  # NaN (no samples) becomes null
     assert d["nodes"][1]["latency_ms_p50"] == pytest.approx(12.0)
     assert d["nodes"][1]["extra"] == {"objects": 2, "backend": "classic", "ok": True}

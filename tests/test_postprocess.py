@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
+
 from vostream.pipeline.errors import ConfigError
 from vostream.pipeline.types import Frame, TrackResult
 from vostream.stages.postprocess import PostprocessStage, clean_mask, postprocess_result, upsample_logits
@@ -13,12 +14,22 @@ from vostream.stages.postprocess import PostprocessStage, clean_mask, postproces
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 
 
-def _result(logits: np.ndarray | None = None, masks: np.ndarray | None = None, present: list[bool] | None = None,
-            ids: list[int] | None = None) -> TrackResult:
+def _result(
+    logits: np.ndarray | None = None,
+    masks: np.ndarray | None = None,
+    present: list[bool] | None = None,
+    ids: list[int] | None = None,
+) -> TrackResult:
     n = len(logits if logits is not None else masks)
-    return TrackResult(7, np.asarray(ids or list(range(1, n + 1))), np.linspace(0.9, 0.5, n),
-                       np.asarray(present if present is not None else [True] * n), np.zeros((n, 4)),
-                       masks=masks, logits=logits)
+    return TrackResult(
+        7,
+        np.asarray(ids or list(range(1, n + 1))),
+        np.linspace(0.9, 0.5, n),
+        np.asarray(present if present is not None else [True] * n),
+        np.zeros((n, 4)),
+        masks=masks,
+        logits=logits,
+    )
 
 
 def test_upsample_is_bilinear_with_half_pixel_centres() -> None:
@@ -126,7 +137,9 @@ def test_rle_round_trip_through_pycocotools() -> None:
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(3, 24, 32)).astype(np.float32)
     stage = PostprocessStage()  # rle=True by default: computed once here and cached
-    frame = Frame(0, np.zeros((48, 64, 3), np.uint8), result=_result(logits=logits, present=[True, False, True]))
+    frame = Frame(
+        0, np.zeros((48, 64, 3), np.uint8), result=_result(logits=logits, present=[True, False, True])
+    )
     res = stage.process(frame).result
     assert res.rles is not None and len(res.rles) == 3
     for rle, mask in zip(res.rles, res.masks):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from vostream.pipeline.errors import PromptError
-from vostream.pipeline.types import Frame, Prompt, TrackResult
+from vostream.pipeline.types import Frame, Prompt, RemoveObject, ResetTracker, TrackResult
 from vostream.stages.preprocess import Preprocessor, PreprocessStage
-from vostream.stages.track import RemoveObject, ResetTracker, TrackStage
+from vostream.stages.track import TrackStage
 from vostream.stages.trackers.base import InputSpec, Tracker, TrackerSession
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -63,7 +63,9 @@ def test_preprocess_stage_follows_source_size():
     f2 = stage.process(Frame(1, image(64, 48)))
     f3 = stage.process(Frame(2, image(32, 24)))
     assert specs == [(64, 48), (32, 24)]
-    assert f1.tensor.shape == (24, 32, 3) and f2.tensor.shape == (24, 32, 3) and f3.tensor.shape == (12, 16, 3)
+    assert (
+        f1.tensor.shape == (24, 32, 3) and f2.tensor.shape == (24, 32, 3) and f3.tensor.shape == (12, 16, 3)
+    )
 
 
 class RecordingSession(TrackerSession):
@@ -93,8 +95,14 @@ class RecordingSession(TrackerSession):
     def step(self, frame):
         self.calls.append(("step", frame.index))
         n = len(self.ids)
-        return TrackResult(frame.index, self.ids, np.ones(n), np.ones(n, bool), np.zeros((n, 4)),
-                           logits=np.ones((n, 4, 4), np.float32))
+        return TrackResult(
+            frame.index,
+            self.ids,
+            np.ones(n),
+            np.ones(n, bool),
+            np.zeros((n, 4)),
+            logits=np.ones((n, 4, 4), np.float32),
+        )
 
     @property
     def object_ids(self):
@@ -118,14 +126,23 @@ def frame(i, w=64, h=48):
 
 def test_prompts_applied_at_their_frame_in_order_and_late_ones_counted():
     tracker = FakeTracker()
-    stage = TrackStage(tracker, [Prompt(2, 3, [[5, 5]], [1]), Prompt(1, 0, [[1, 1]], [1]), RemoveObject(1, 3)])
+    stage = TrackStage(
+        tracker, [Prompt(2, 3, [[5, 5]], [1]), Prompt(1, 0, [[1, 1]], [1]), RemoveObject(1, 3)]
+    )
     stage.open()
     for i in (0, 1, 5, 6):  # frames 2-4 were dropped (a live feed): frame-3 messages land on frame 5
         out = stage.process(frame(i))
         assert out.result is not None
     calls = tracker.session.calls
-    assert calls == [("prompt", 1, 0), ("step", 0), ("step", 1), ("prompt", 2, 5), ("remove", 1), ("step", 5),
-                     ("step", 6)]
+    assert calls == [
+        ("prompt", 1, 0),
+        ("step", 0),
+        ("step", 1),
+        ("prompt", 2, 5),
+        ("remove", 1),
+        ("step", 5),
+        ("step", 6),
+    ]
     stats = stage.stats()
     assert stats["late_prompts"] == 2 and stats["applied_prompts"] == 2 and stats["objects"] == 1
 

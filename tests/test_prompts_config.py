@@ -10,10 +10,9 @@ from PIL import Image
 
 from vostream.pipeline.apps.cli import build_parser, prompts_from_tokens
 from vostream.pipeline.apps.config import load_config, merge_settings
-from vostream.pipeline.errors import ConfigError, PromptError
 from vostream.pipeline.apps.prompts import check_prompt_sequence, load_prompts_file
-from vostream.pipeline.types import Prompt
-from vostream.stages.track import RemoveObject
+from vostream.pipeline.errors import ConfigError, PromptError
+from vostream.pipeline.types import Prompt, RemoveObject
 
 
 def tokens(argv):
@@ -25,12 +24,32 @@ def test_cli_tokens_group_by_obj_in_order(tmp_path):
     m = np.zeros((20, 30), np.uint8)
     m[5:10, 5:10] = 255
     Image.fromarray(m).save(tmp_path / "m.png")
-    ps = prompts_from_tokens(tokens([
-        "--point", "10,20", "--neg", "12,22",
-        "--obj", "5", "--box", "1,2,30,40",
-        "--obj", "7", "--frame", "3", "--mask", str(tmp_path / "m.png"),
-        "--obj", "1", "--frame", "9", "--point", "4,4",
-    ]))
+    ps = prompts_from_tokens(
+        tokens(
+            [
+                "--point",
+                "10,20",
+                "--neg",
+                "12,22",
+                "--obj",
+                "5",
+                "--box",
+                "1,2,30,40",
+                "--obj",
+                "7",
+                "--frame",
+                "3",
+                "--mask",
+                str(tmp_path / "m.png"),
+                "--obj",
+                "1",
+                "--frame",
+                "9",
+                "--point",
+                "4,4",
+            ]
+        )
+    )
     assert [(p.obj_id, p.frame_index) for p in ps] == [(1, 0), (5, 0), (7, 3), (1, 9)]
     assert ps[0].points.tolist() == [[10, 20], [12, 22]] and ps[0].labels.tolist() == [1, 0]
     assert ps[1].box == (1, 2, 30, 40)
@@ -42,15 +61,18 @@ def test_cli_frame_after_points_starts_a_correction():
     assert [(p.obj_id, p.frame_index, p.points.tolist()) for p in ps] == [(1, 0, [[1, 1]]), (1, 10, [[2, 2]])]
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--point", "1"], "expected 2 comma-separated numbers"),
-    (["--point", "a,b"], "--point 'a,b'"),
-    (["--box", "1,2,3"], "X0,Y0,X1,Y1"),
-    (["--box", "5,5,1,1"], "empty"),
-    (["--obj", "x", "--point", "1,1"], "--obj 'x'"),
-    (["--obj", "2"], "has no --point"),
-    (["--mask", "/nonexistent.png"], "no such file"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--point", "1"], "expected 2 comma-separated numbers"),
+        (["--point", "a,b"], "--point 'a,b'"),
+        (["--box", "1,2,3"], "X0,Y0,X1,Y1"),
+        (["--box", "5,5,1,1"], "empty"),
+        (["--obj", "x", "--point", "1,1"], "--obj 'x'"),
+        (["--obj", "2"], "has no --point"),
+        (["--mask", "/nonexistent.png"], "no such file"),
+    ],
+)
 def test_cli_prompt_errors(argv, needle):
     with pytest.raises(PromptError, match=None) as err:
         prompts_from_tokens(tokens(argv))
@@ -67,29 +89,40 @@ def test_prompts_file_full_schema(tmp_path):
     m = np.zeros((10, 10), np.uint8)
     m[2:4, 2:4] = 1
     Image.fromarray(m).save(tmp_path / "obj3.png")
-    p = write(tmp_path, {"prompts": [
-        {"obj": 1, "frame": 0, "points": [[5, 5], [6, 6]], "labels": [1, 0]},
-        {"obj": 2, "box": [1, 1, 4, 4]},
-        {"obj": 3, "frame": 2, "mask": "obj3.png"},
-        {"obj": 2, "frame": 4, "remove": True},
-    ]})
+    p = write(
+        tmp_path,
+        {
+            "prompts": [
+                {"obj": 1, "frame": 0, "points": [[5, 5], [6, 6]], "labels": [1, 0]},
+                {"obj": 2, "box": [1, 1, 4, 4]},
+                {"obj": 3, "frame": 2, "mask": "obj3.png"},
+                {"obj": 2, "frame": 4, "remove": True},
+            ]
+        },
+    )
     msgs = load_prompts_file(p)
     assert isinstance(msgs[3], RemoveObject) and msgs[3].obj_id == 2 and msgs[3].frame_index == 4
     assert msgs[0].labels.tolist() == [1, 0] and msgs[1].box == (1, 1, 4, 4) and msgs[2].mask.sum() == 4
     check_prompt_sequence(msgs, 10, 10)
 
 
-@pytest.mark.parametrize("content, needle", [
-    ("{not json", "invalid JSON at line 1"),
-    ({"prompts": []}, "at least one entry"),
-    ({"prompts": [{"obj": "a"}]}, "entry 0: 'obj' must be"),
-    ({"prompts": [{"obj": 1, "points": [[1, 2, 3]]}]}, "entry 0: 'points'"),
-    ({"prompts": [{"obj": 1, "points": [[1, 2]], "labels": [2]}]}, "'labels'"),
-    ({"prompts": [{"obj": 1, "colour": 3}]}, "unknown key"),
-    ({"prompts": [{"obj": 1, "points": [[1, 1]]}, {"obj": 1, "frame": -1, "points": [[1, 1]]}]}, "entry 1"),
-    ({"prompts": [{"obj": 1, "mask": "missing.png"}]}, "no such file"),
-    ({"prompts": [{"obj": 1}]}, "at least one point"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("{not json", "invalid JSON at line 1"),
+        ({"prompts": []}, "at least one entry"),
+        ({"prompts": [{"obj": "a"}]}, "entry 0: 'obj' must be"),
+        ({"prompts": [{"obj": 1, "points": [[1, 2, 3]]}]}, "entry 0: 'points'"),
+        ({"prompts": [{"obj": 1, "points": [[1, 2]], "labels": [2]}]}, "'labels'"),
+        ({"prompts": [{"obj": 1, "colour": 3}]}, "unknown key"),
+        (
+            {"prompts": [{"obj": 1, "points": [[1, 1]]}, {"obj": 1, "frame": -1, "points": [[1, 1]]}]},
+            "entry 1",
+        ),
+        ({"prompts": [{"obj": 1, "mask": "missing.png"}]}, "no such file"),
+        ({"prompts": [{"obj": 1}]}, "at least one point"),
+    ],
+)
 def test_prompts_file_errors_name_the_entry(tmp_path, content, needle):
     with pytest.raises(PromptError) as err:
         load_prompts_file(write(tmp_path, content))
@@ -116,8 +149,10 @@ def test_sequence_checks():
 
 def test_config_merge_and_override(tmp_path):
     cfg = tmp_path / "run.toml"
-    cfg.write_text('source = "in.mp4"\nout = "o"\nsave = ["json", "png"]\nqueue_size = 3\n'
-                   'fill_holes = true\n[[prompts]]\nobj = 2\npoints = [[1, 2]]\n[tracker]\nwork_size = [64, 48]\n')
+    cfg.write_text(
+        'source = "in.mp4"\nout = "o"\nsave = ["json", "png"]\nqueue_size = 3\n'
+        "fill_holes = true\n[[prompts]]\nobj = 2\npoints = [[1, 2]]\n[tracker]\nwork_size = [64, 48]\n"
+    )
     conf = load_config(cfg)
     s = merge_settings(conf, {"source": None, "out": None, "queue_size": 5, "prompts": []})
     assert s.source == str(tmp_path / "in.mp4") and s.out == str(tmp_path / "o")
@@ -128,13 +163,16 @@ def test_config_merge_and_override(tmp_path):
     assert [p.obj_id for p in s2.prompts] == [9] and s2.save == ("mot",)
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("sorce = 'x'", "unknown key(s) ['sorce']"),
-    ("queue_size = 0", "'queue_size' must be an integer >= 1"),
-    ("save = ['gif']", "unknown format(s) ['gif']"),
-    ("policy = 'fast'", "'policy' must be one of"),
-    ("source = [", "invalid TOML"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("sorce = 'x'", "unknown key(s) ['sorce']"),
+        ("queue_size = 0", "'queue_size' must be an integer >= 1"),
+        ("save = ['gif']", "unknown format(s) ['gif']"),
+        ("policy = 'fast'", "'policy' must be one of"),
+        ("source = [", "invalid TOML"),
+    ],
+)
 def test_config_errors(tmp_path, text, needle):
     cfg = tmp_path / "c.toml"
     cfg.write_text(text + "\nout='o'\n" if "out" not in text else text)

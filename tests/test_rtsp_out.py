@@ -10,8 +10,9 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -83,8 +84,13 @@ def is_banner(rgb: list[float]) -> bool:
 
 
 def test_spec_validation_and_banner() -> None:
-    for bad in (dict(url="http://x/y"), dict(url="rtsp://x/y", transport="sctp"), dict(url="rtsp://x/y", fps=0),
-                dict(url="rtsp://x/y", gop=0), dict(url="rtsp://x/y", bitrate=-5)):
+    for bad in (
+        dict(url="http://x/y"),
+        dict(url="rtsp://x/y", transport="sctp"),
+        dict(url="rtsp://x/y", fps=0),
+        dict(url="rtsp://x/y", gop=0),
+        dict(url="rtsp://x/y", bitrate=-5),
+    ):
         with pytest.raises(ConfigError):
             RtspSinkSpec(**bad)  # type: ignore[arg-type]
     image = np.full((120, 160, 3), 200, np.uint8)
@@ -156,7 +162,7 @@ def test_banner_while_the_input_feed_is_down(listener: Listener) -> None:
     assert res["frames"] == stats["sent"] + stats["stub_frames"]
     banners = [is_banner(t) for t in res["top"]]
     first, last = banners.index(True), len(banners) - 1 - banners[::-1].index(True)
-    assert first > 20 and not any(banners[last + 1:]) and len(banners) - last > 15  # feed again afterwards
+    assert first > 20 and not any(banners[last + 1 :]) and len(banners) - last > 15  # feed again afterwards
     assert {t.name for t in threading.enumerate() if t.name.startswith("vostream")} <= before
 
 
@@ -164,8 +170,7 @@ def test_output_reconnects_when_the_server_goes_away(tmp_path: Path) -> None:
     port = free_port()
     url = f"rtsp://127.0.0.1:{port}/out"
     first = Listener(url, tmp_path / "a.json")
-    sink = RtspSinkSpec(url, fps=30, lost_after_s=5.0,
-                        reconnect=FAST).build()
+    sink = RtspSinkSpec(url, fps=30, lost_after_s=5.0, reconnect=FAST).build()
     sink.open()
     image = np.zeros((120, 160, 3), np.uint8)
     second: Listener | None = None
@@ -199,7 +204,9 @@ def test_output_reconnects_when_the_server_goes_away(tmp_path: Path) -> None:
 
 
 @needs_server
-def test_cli_track_rtsp_in_rtsp_out(listener: Listener, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_track_rtsp_in_rtsp_out(
+    listener: Listener, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from test_live import scene
 
     from vostream.pipeline.apps.cli import main
@@ -207,8 +214,23 @@ def test_cli_track_rtsp_in_rtsp_out(listener: Listener, tmp_path: Path, capsys: 
     x, y = scene().click(1)
     with RtspServer(scene_clip()) as server:
         server.start()
-        rc = main(["track", server.url, "--point", f"{x:.0f},{y:.0f}", "--rtsp-out", listener.url,
-                   "--max-frames", "45", "--out", str(tmp_path / "run"), "--save", "mot", "-q"])
+        rc = main(
+            [
+                "track",
+                server.url,
+                "--point",
+                f"{x:.0f},{y:.0f}",
+                "--rtsp-out",
+                listener.url,
+                "--max-frames",
+                "45",
+                "--out",
+                str(tmp_path / "run"),
+                "--save",
+                "mot",
+                "-q",
+            ]
+        )
     assert rc == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     nodes = {n["name"]: n for n in summary["metrics"]["nodes"]}

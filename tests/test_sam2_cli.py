@@ -24,6 +24,7 @@ import numpy as np
 from media import copy_to, moving_square_clip, square_mask
 from PIL import Image
 from pycocotools import mask as mask_utils
+
 from vostream.pipeline.apps.cli import build_parser, main
 from vostream.pipeline.apps.config import merge_settings, tracker_options
 from vostream.pipeline.errors import ConfigError
@@ -52,7 +53,14 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict:
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         rc = main(["export", str(ckpt), "--out", str(out)])
-    return {"root": root, "ckpt": ckpt, "out": out, "rc": rc, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+    return {
+        "root": root,
+        "ckpt": ckpt,
+        "out": out,
+        "rc": rc,
+        "stdout": stdout.getvalue(),
+        "stderr": stderr.getvalue(),
+    }
 
 
 def test_export_writes_manifest_and_four_graphs(exported: dict) -> None:
@@ -85,8 +93,24 @@ def test_export_refuses_existing_export_without_force(exported: dict, capfd: pyt
 def test_track_onnx_writes_every_output(exported: dict, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     x, y = square_centre()
     out = tmp_path / "out"
-    rc = main(["track", str(clip()), "--backend", "onnx", "--model", str(exported["out"]), "--point", f"{x},{y}",
-               "--out", str(out), "--save", "video,png,json,mot", "--threads", "1"])
+    rc = main(
+        [
+            "track",
+            str(clip()),
+            "--backend",
+            "onnx",
+            "--model",
+            str(exported["out"]),
+            "--point",
+            f"{x},{y}",
+            "--out",
+            str(out),
+            "--save",
+            "video,png,json,mot",
+            "--threads",
+            "1",
+        ]
+    )
     _, err = capfd.readouterr()
     assert rc == 0, err
     assert f"{N} frames in" in err and "Traceback" not in err
@@ -115,13 +139,19 @@ def test_track_onnx_writes_every_output(exported: dict, tmp_path: Path, capfd: p
 
     mot = [line.split(",") for line in (out / "mot.txt").read_text().splitlines()]
     assert all(len(r) == 10 and int(r[1]) == 1 and float(r[4]) > 0 and float(r[5]) > 0 for r in mot), mot
-    assert {int(r[0]) for r in mot} == present  # MOT rows (1-based frames) exactly where the mask is non-empty
+    assert {
+        int(r[0]) for r in mot
+    } == present  # MOT rows (1-based frames) exactly where the mask is non-empty
 
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["backend"] == "onnx" and summary["model"] == str(exported["out"]) and summary["frames"] == N
+    assert (
+        summary["backend"] == "onnx" and summary["model"] == str(exported["out"]) and summary["frames"] == N
+    )
     (track,) = [n for n in summary["metrics"]["nodes"] if n["name"] == "track"]
     backend = track["extra"]["backend"]
-    assert backend["frames"] == N and backend["h2d_bytes_per_frame"] > 0 and backend["d2h_bytes_per_frame"] > 0
+    assert (
+        backend["frames"] == N and backend["h2d_bytes_per_frame"] > 0 and backend["d2h_bytes_per_frame"] > 0
+    )
     assert {k.removesuffix("_ms_per_frame") for k in backend if k.endswith("_ms_per_frame")} == set(GRAPHS)
 
 
@@ -129,9 +159,11 @@ def test_track_onnx_from_config_file(exported: dict, tmp_path: Path, capfd: pyte
     model = shutil.copytree(exported["out"], tmp_path / "models" / "tiny")
     x, y = square_centre()
     cfg = tmp_path / "run.toml"
-    cfg.write_text(f'source = "{clip()}"\nout = "result"\nsave = ["json"]\nmax_frames = 3\nbackend = "onnx"\n'
-                   f'model = "models/tiny"\nprovider = "cpu"\nthreads = 1\ndevice_id = 0\n'
-                   f'[[prompts]]\nobj = 4\npoints = [[{x}, {y}]]\n')
+    cfg.write_text(
+        f'source = "{clip()}"\nout = "result"\nsave = ["json"]\nmax_frames = 3\nbackend = "onnx"\n'
+        f'model = "models/tiny"\nprovider = "cpu"\nthreads = 1\ndevice_id = 0\n'
+        f"[[prompts]]\nobj = 4\npoints = [[{x}, {y}]]\n"
+    )
     rc = main(["track", "--config", str(cfg), "-q"])
     _, err = capfd.readouterr()
     assert rc == 0, err
@@ -143,26 +175,58 @@ def test_track_onnx_from_config_file(exported: dict, tmp_path: Path, capfd: pyte
 
 
 def test_tracker_options_merge_config_and_flags() -> None:
-    config = {"source": "v.mp4", "out": "o", "backend": "onnx", "model": "m", "threads": 2, "device_id": 1,
-              "provider": "cuda", "tracker": {"threads": 9, "extra": True}}
+    config = {
+        "source": "v.mp4",
+        "out": "o",
+        "backend": "onnx",
+        "model": "m",
+        "threads": 2,
+        "device_id": 1,
+        "provider": "cuda",
+        "tracker": {"threads": 9, "extra": True},
+    }
     s = merge_settings(config, {"threads": 3, "provider": None, "device_id": None, "prompts": []})
     # the [tracker] table is the base; top-level keys win over it; flags win over the config
-    assert tracker_options(s) == {"model": "m", "threads": 3, "device_id": 1, "provider": "cuda", "extra": True}
+    assert tracker_options(s) == {
+        "model": "m",
+        "threads": 3,
+        "device_id": 1,
+        "provider": "cuda",
+        "extra": True,
+    }
     assert tracker_options(merge_settings(None, {"source": "v", "out": "o", "prompts": []})) == {}
     for key, bad in (("threads", 0), ("device_id", -1), ("provider", "gpu"), ("threads", True)):
         with pytest.raises(ConfigError, match=key):
             merge_settings({"source": "v", "out": "o", key: bad}, {"prompts": []})
 
 
-def test_annotate_and_serve_load_the_onnx_backend(exported: dict, tmp_path: Path,
-                                                  capfd: pytest.CaptureFixture) -> None:
+def test_annotate_and_serve_load_the_onnx_backend(
+    exported: dict, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
     (tmp_path / "videos").mkdir()
     video = copy_to(clip(), tmp_path / "videos", "walk.mp4")
     x, y = square_centre()
     prompts = tmp_path / "clicks.csv"
     prompts.write_text(f"video,frame,obj_id,x,y,label\nwalk.mp4,0,1,{x},{y},1\n")
-    rc = main(["annotate", str(video), "--prompts", str(prompts), "--out", str(tmp_path / "ann"), "--backend", "onnx",
-               "--model", str(exported["out"]), "--formats", "json", "--workers", "0", "-q"])
+    rc = main(
+        [
+            "annotate",
+            str(video),
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(tmp_path / "ann"),
+            "--backend",
+            "onnx",
+            "--model",
+            str(exported["out"]),
+            "--formats",
+            "json",
+            "--workers",
+            "0",
+            "-q",
+        ]
+    )
     _, err = capfd.readouterr()
     assert rc == 0, err
     (row,) = json.loads((tmp_path / "ann" / "summary.json").read_text())["videos"]
@@ -174,8 +238,9 @@ def test_annotate_and_serve_load_the_onnx_backend(exported: dict, tmp_path: Path
     from vostream.stages.trackers import load_tracker
     from vostream.stages.trackers.sam2 import Sam2Tracker
 
-    cfg = serve_config(build_parser().parse_args(["serve", str(video), "--backend", "onnx",
-                                                  "--model", str(exported["out"])]))
+    cfg = serve_config(
+        build_parser().parse_args(["serve", str(video), "--backend", "onnx", "--model", str(exported["out"])])
+    )
     tracker = load_tracker(cfg.session.backend, **cfg.session.tracker_options)  # what each serve session does
     try:
         assert isinstance(tracker, Sam2Tracker) and tracker.manifest.family == "sam2"
@@ -195,22 +260,46 @@ def _damaged_export(exported: dict, tmp_path: Path, damage: str) -> Path:
     return model
 
 
-@pytest.mark.parametrize("case, code, needles", [
-    ("export-not-a-checkpoint", 2, ["no config.json"]),
-    ("export-unsupported-family", 2, ["'bert'", "Sam2VideoModel", "EdgeTamVideoModel", "Sam3TrackerVideoModel"]),
-    ("export-bad-image-size", 2, ["--image-size 100", "multiples of 32", "trained at 128"]),
-    ("export-hub-unreachable", 2, ["'nobody/no-such-model' is not a local directory", "hub is unreachable",
-                                   "hub.invalid"]),
-    ("export-hub-offline", 2, ["'nobody/no-such-model' is not a local directory", "not in the Hugging Face cache",
-                               "HF_HUB_OFFLINE"]),
-    ("track-not-an-export", 2, ["not a vostream export", "vostream export"]),
-    ("track-no-model", 2, ["--model"]),
-    ("track-classic-provider", 2, ["'classic'", "provider"]),
-    ("track-format-99", 2, ["format 99", "upgrade vostream"]),
-    ("track-corrupt-graph", 5, ["decoder.onnx"]),
-])
-def test_bad_input_one_line_error(case: str, code: int, needles: list[str], exported: dict, tmp_path: Path,
-                                  capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "case, code, needles",
+    [
+        ("export-not-a-checkpoint", 2, ["no config.json"]),
+        (
+            "export-unsupported-family",
+            2,
+            ["'bert'", "Sam2VideoModel", "EdgeTamVideoModel", "Sam3TrackerVideoModel"],
+        ),
+        ("export-bad-image-size", 2, ["--image-size 100", "multiples of 32", "trained at 128"]),
+        (
+            "export-hub-unreachable",
+            2,
+            ["'nobody/no-such-model' is not a local directory", "hub is unreachable", "hub.invalid"],
+        ),
+        (
+            "export-hub-offline",
+            2,
+            [
+                "'nobody/no-such-model' is not a local directory",
+                "not in the Hugging Face cache",
+                "HF_HUB_OFFLINE",
+            ],
+        ),
+        ("track-not-an-export", 2, ["not a vostream export", "vostream export"]),
+        ("track-no-model", 2, ["--model"]),
+        ("track-classic-provider", 2, ["'classic'", "provider"]),
+        ("track-format-99", 2, ["format 99", "upgrade vostream"]),
+        ("track-corrupt-graph", 5, ["decoder.onnx"]),
+    ],
+)
+def test_bad_input_one_line_error(
+    case: str,
+    code: int,
+    needles: list[str],
+    exported: dict,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     x, y = square_centre()
     track = ["track", str(clip()), "--point", f"{x},{y}", "--out", str(tmp_path / "out")]
     if case == "export-not-a-checkpoint":
@@ -260,8 +349,15 @@ def test_help_names_real_checkpoints_and_new_flags(capsys: pytest.CaptureFixture
         main(["export", "--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
-    for name in ("facebook/sam2.1-hiera-tiny", "yonigozlan/EdgeTAM-hf", "facebook/sam3", "--cond-slots", "--opset",
-                 "--force", "--image-size"):
+    for name in (
+        "facebook/sam2.1-hiera-tiny",
+        "yonigozlan/EdgeTAM-hf",
+        "facebook/sam3",
+        "--cond-slots",
+        "--opset",
+        "--force",
+        "--image-size",
+    ):
         assert name in text
     with pytest.raises(SystemExit):
         main(["track", "--help"])

@@ -25,8 +25,12 @@ from vostream.stages.trackers.sam2 import OnnxTracker  # noqa: E402
 N_FRAMES = 32
 
 
-def _ours(export_dir: Any, frames: list[np.ndarray], tensors: list[np.ndarray],
-          schedule: dict[int, list[ref.PromptSpec]]) -> list[dict[int, tuple[np.ndarray, bool]]]:
+def _ours(
+    export_dir: Any,
+    frames: list[np.ndarray],
+    tensors: list[np.ndarray],
+    schedule: dict[int, list[ref.PromptSpec]],
+) -> list[dict[int, tuple[np.ndarray, bool]]]:
     tracker = OnnxTracker(export_dir, threads=1)
     session = tracker.new_session()
     out = []
@@ -48,8 +52,9 @@ def _ours(export_dir: Any, frames: list[np.ndarray], tensors: list[np.ndarray],
     return out
 
 
-def _compare(ours: list[dict[int, tuple[np.ndarray, bool]]], theirs: list[dict[int, ref.RefOut]]
-             ) -> dict[str, float]:
+def _compare(
+    ours: list[dict[int, tuple[np.ndarray, bool]]], theirs: list[dict[int, ref.RefOut]]
+) -> dict[str, float]:
     assert len(ours) == len(theirs)
     worst_iou, worst_diff, absent, compared = 1.0, 0.0, 0, 0
     for i, (a, b) in enumerate(zip(ours, theirs)):
@@ -57,7 +62,9 @@ def _compare(ours: list[dict[int, tuple[np.ndarray, bool]]], theirs: list[dict[i
         for oid, (logits, present) in a.items():
             r = b[oid]
             assert logits.shape == r.logits.shape
-            assert present == (r.score > 0), f"frame {i} object {oid}: present {present}, reference score {r.score}"
+            assert present == (r.score > 0), (
+                f"frame {i} object {oid}: present {present}, reference score {r.score}"
+            )
             ma, mb = logits > 0, r.logits > 0
             union = int((ma | mb).sum())
             iou = 1.0 if union == 0 else float((ma & mb).sum()) / union
@@ -99,8 +106,10 @@ def test_mask_prompt_and_click_parity(family: str, sam2_tiny: Any) -> None:
     n = 14
     frames = ref.make_frames(n, size, occluded=(9,))
     tensors = [ref.to_tensor(f, mean, std) for f in frames]
-    schedule = {0: [ref.PromptSpec(1, mask=ref.shape_masks(0, size)["disk"])],
-                3: [ref.PromptSpec(2, points=[ref.shape_center(3, size, "rect")], labels=[1])]}
+    schedule = {
+        0: [ref.PromptSpec(1, mask=ref.shape_masks(0, size)["disk"])],
+        3: [ref.PromptSpec(2, points=[ref.shape_center(3, size, "rect")], labels=[1])],
+    }
     theirs = ref.run_reference(model, tensors, schedule)
     ours = _ours(export_dir, frames, tensors, schedule)
     stats = _compare(ours, theirs)
@@ -115,8 +124,9 @@ RESIZED = {"sam2": 96, "edgetam": 160, "sam3_tracker": 84}
 
 
 @pytest.mark.parametrize("family", ref.FAMILIES)
-def test_export_at_another_image_size_matches_the_reference_at_that_size(family: str, sam2_tiny: Any,
-                                                                          tmp_path: Any) -> None:
+def test_export_at_another_image_size_matches_the_reference_at_that_size(
+    family: str, sam2_tiny: Any, tmp_path: Any
+) -> None:
     """``export --image-size``: the same weights run at another input size.  The reference model at that size is
     built from the test harness's own config (field by field), not from the exporter's resizing."""
     from vostream.pipeline.apps.export import export_model
@@ -141,8 +151,8 @@ def test_export_at_another_image_size_matches_the_reference_at_that_size(family:
 
 
 def test_image_sizes_the_networks_cannot_take_are_refused(sam2_tiny: Any, tmp_path: Any) -> None:
-    from vostream.pipeline.errors import ConfigError
     from vostream.pipeline.apps.export import export_model
+    from vostream.pipeline.errors import ConfigError
 
     ckpt, _ = sam2_tiny("sam2")
     for bad in (100, 32, 0):

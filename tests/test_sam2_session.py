@@ -67,8 +67,12 @@ def test_only_image_and_metadata_cross_per_frame(sam2_tiny: Any, clip: Any) -> N
     bank = L * m.tokens_per_slot * m.mem_dim * 4
     assert bank > objects * meta  # the bound above excludes the bank by construction, not by accident
     assert d.d2d_bytes == 0
-    assert d.runs == {"image_encoder": n, "memory_attention": n * objects, "decoder": n * objects,
-                      "memory_encoder": n * objects}
+    assert d.runs == {
+        "image_encoder": n,
+        "memory_attention": n * objects,
+        "decoder": n * objects,
+        "memory_encoder": n * objects,
+    }
     metrics = s.metrics()
     assert metrics["frames"] == warm + n and metrics["h2d_bytes_per_frame"] > image
     # while the bank fills, fewer slots are bound still
@@ -78,8 +82,14 @@ def test_only_image_and_metadata_cross_per_frame(sam2_tiny: Any, clip: Any) -> N
     assert tracker.runtime.live_buffers() == 0
 
 
-def _run(export: Any, frames: list[np.ndarray], tensors: list[np.ndarray], prompts: dict[int, list[Prompt]],
-         removals: dict[int, int] | None = None, indices: list[int] | None = None) -> list[dict[int, np.ndarray]]:
+def _run(
+    export: Any,
+    frames: list[np.ndarray],
+    tensors: list[np.ndarray],
+    prompts: dict[int, list[Prompt]],
+    removals: dict[int, int] | None = None,
+    indices: list[int] | None = None,
+) -> list[dict[int, np.ndarray]]:
     tracker = OnnxTracker(export, threads=1)
     s = tracker.new_session()
     out = []
@@ -116,7 +126,7 @@ def test_skipped_source_frames_are_invisible_to_the_model(sam2_tiny: Any, clip: 
     prompts = {0: [Prompt(1, 0, [[40, 45]], [1])], 7: [Prompt(1, 0, [[44, 40]], [1])]}
     dense = _run(export, frames, tensors, prompts)
     gaps = [0, 1, 5, 6, 9, 20, 21, 22, 40, 41, 42, 43, 50, 51, 60, 61, 62, 70, 71, 80, 81, 82, 90, 91]
-    sparse = _run(export, frames, tensors, prompts, indices=gaps[:len(frames)])
+    sparse = _run(export, frames, tensors, prompts, indices=gaps[: len(frames)])
     for a, b in zip(dense, sparse):
         np.testing.assert_array_equal(a[1], b[1])
 
@@ -171,11 +181,20 @@ def test_bad_prompts_are_rejected_without_changing_state(sam2_tiny: Any, clip: A
 def test_antialiased_resize_matches_torch() -> None:
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(1)
-    for (h, w), (oh, ow) in [((128, 128), (32, 32)), ((112, 112), (32, 32)), ((28, 28), (32, 32)),
-                             ((480, 854), (128, 128))]:
+    for (h, w), (oh, ow) in [
+        ((128, 128), (32, 32)),
+        ((112, 112), (32, 32)),
+        ((28, 28), (32, 32)),
+        ((480, 854), (128, 128)),
+    ]:
         x = rng.standard_normal((h, w)).astype(np.float32)
-        want = torch.nn.functional.interpolate(torch.from_numpy(x)[None, None], size=(oh, ow), mode="bilinear",
-                                               align_corners=False, antialias=True)[0, 0].numpy()
+        want = torch.nn.functional.interpolate(
+            torch.from_numpy(x)[None, None],
+            size=(oh, ow),
+            mode="bilinear",
+            align_corners=False,
+            antialias=True,
+        )[0, 0].numpy()
         np.testing.assert_allclose(resize_aa(x, oh, ow), want, atol=2e-5)
 
 
@@ -210,7 +229,10 @@ def test_fp16_export_is_half_the_size_and_tracks_like_fp32(sam2_tiny: Any, clip:
     ckpt, export = sam2_tiny("sam2")
     manifest = export_model(str(ckpt), tmp_path / "fp16", fp16=True)
     assert manifest.dtype == "float16-mixed"
-    for name, g in manifest.graphs.items():  # inputs and outputs stay fp32: every runtime drives both the same way
+    for (
+        name,
+        g,
+    ) in manifest.graphs.items():  # inputs and outputs stay fp32: every runtime drives both the same way
         assert all(t.dtype in ("float32", "int64", "int32") for t in (*g.inputs, *g.outputs)), name
     size32 = sum((export / g.file).stat().st_size for g in manifest.graphs.values())
     size16 = sum((tmp_path / "fp16" / g.file).stat().st_size for g in manifest.graphs.values())
@@ -258,5 +280,7 @@ def test_exported_graphs_hold_each_constant_once(sam2_tiny: Any) -> None:
             if node.op_type == "Constant" and node.attribute and node.attribute[0].t.raw_data:
                 t = node.attribute[0].t
                 key = (t.data_type, tuple(t.dims), hashlib.sha256(t.raw_data).hexdigest())
-                assert key not in seen or t.ByteSize() < 64, f"{name}: {node.output[0]} duplicates {seen[key]}"
+                assert key not in seen or t.ByteSize() < 64, (
+                    f"{name}: {node.output[0]} duplicates {seen[key]}"
+                )
                 seen[key] = node.output[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from vostream.pipeline.errors import ConfigError
 from vostream.samples import scenes as S
 
@@ -36,7 +37,9 @@ def test_ground_truth_matches_the_drawn_pixels() -> None:
     inner = ga & ~gb
     import cv2
 
-    inner = cv2.erode(inner.astype(np.uint8), np.ones((5, 5), np.uint8)).astype(bool)  # away from blurred edges
+    inner = cv2.erode(inner.astype(np.uint8), np.ones((5, 5), np.uint8)).astype(
+        bool
+    )  # away from blurred edges
     assert inner.sum() > 200
     assert np.median(diff[neither]) < 25
     assert np.median(diff[inner]) > 3 * np.median(diff[neither]) + 30
@@ -47,7 +50,7 @@ def test_occlusion_scenes_have_the_advertised_events() -> None:
     areas = (full.labels > 0).reshape(len(full), -1).sum(1)
     hidden = np.flatnonzero(areas == 0)
     assert len(hidden) >= 5, "the object must disappear completely for a while"
-    assert areas[hidden.max() + 1:].max() > 0.8 * areas[0], "and come back fully"
+    assert areas[hidden.max() + 1 :].max() > 0.8 * areas[0], "and come back fully"
     cross = S.render_scene("crossing", W, H)
     a2 = (cross.labels == 2).reshape(len(cross), -1).sum(1)
     assert a2.min() < 0.5 * a2[0], "object 2 must be (partly) hidden by object 1 while they cross"
@@ -74,7 +77,7 @@ def test_mp4_round_trip(tmp_path) -> None:
     frames = S.read_video(path)
     assert frames.shape == sc.frames.shape
     mse = np.mean((frames.astype(np.float64) - sc.frames) ** 2)
-    assert 10 * np.log10(255 ** 2 / mse) > 30  # crf 18: small but real compression error
+    assert 10 * np.log10(255**2 / mse) > 30  # crf 18: small but real compression error
     from PIL import Image
 
     pngs = sorted((tmp_path / "gt").glob("*.png"))

@@ -15,14 +15,13 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from vostream.pipeline.errors import ConfigError
-from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
 from vostream.pipeline.apps.serve.media import resolve_source
 from vostream.pipeline.apps.serve.protocol import ProtocolError, parse_client_message
+from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
 from vostream.pipeline.apps.serve.session import SessionOptions
+from vostream.pipeline.errors import ConfigError
 from vostream.samples.scenes import render_scene, write_scene
-from vostream.sinks.websocket import ClientSlot
-from vostream.pipeline.apps.serve.protocol import PackedFrame
+from vostream.sinks.websocket import ClientSlot, PackedFrame
 
 W, H = 160, 120
 
@@ -39,8 +38,12 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture()
 def server(media: Path, tmp_path: Path):
-    cfg = ServerConfig(port=0, media_root=str(media), max_rate=40.0,
-                       session=SessionOptions(out_dir=str(tmp_path / "out"), save=("json",)))
+    cfg = ServerConfig(
+        port=0,
+        media_root=str(media),
+        max_rate=40.0,
+        session=SessionOptions(out_dir=str(tmp_path / "out"), save=("json",)),
+    )
     with ServerThread(cfg) as st:
         yield st
 
@@ -82,24 +85,28 @@ def ack(ws, m: dict) -> None:
 
 # -- sans-I/O parsing ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("msg, code", [
-    (b"\xc1\xc1", "bad_msgpack"),
-    (pack([1, 2]), "bad_msgpack"),
-    (pack({"x": 1}), "bad_message"),
-    (pack({"t": "fly"}), "unknown_type"),
-    (pack({"t": "prompt", "obj": "1", "frame": 0, "points": [[1, 2]]}), "bad_message"),
-    (pack({"t": "prompt", "obj": 0, "frame": 0, "points": [[1, 2]]}), "out_of_range"),
-    (pack({"t": "prompt", "obj": 1, "frame": -1, "points": [[1, 2]]}), "out_of_range"),
-    (pack({"t": "prompt", "obj": 1, "frame": 0}), "bad_message"),
-    (pack({"t": "prompt", "obj": 1, "frame": 0, "points": [[1, 2]], "labels": [2]}), "bad_message"),
-    (pack({"t": "prompt", "obj": 1, "frame": 0, "points": [[1, 2]] * 65}), "out_of_range"),
-    (pack({"t": "prompt", "obj": 1, "frame": 0, "points": [[float("nan"), 2]]}), "out_of_range"),
-    (pack({"t": "prompt", "obj": 1, "frame": 0, "box": [5, 5, 2, 9]}), "out_of_range"),
-    (pack({"t": "prompt", "obj": 1, "frame": 0, "points": [[1, 2]], "colour": 3}), "bad_message"),
-    (pack({"t": "seek", "frame": True}), "bad_message"),
-    (pack({"t": "export", "format": "xml"}), "out_of_range"),
-    (pack({"t": "hello", "v": 1, "inflight": 99}), "out_of_range"),
-])
+
+@pytest.mark.parametrize(
+    "msg, code",
+    [
+        (b"\xc1\xc1", "bad_msgpack"),
+        (pack([1, 2]), "bad_msgpack"),
+        (pack({"x": 1}), "bad_message"),
+        (pack({"t": "fly"}), "unknown_type"),
+        (pack({"t": "prompt", "obj": "1", "frame": 0, "points": [[1, 2]]}), "bad_message"),
+        (pack({"t": "prompt", "obj": 0, "frame": 0, "points": [[1, 2]]}), "out_of_range"),
+        (pack({"t": "prompt", "obj": 1, "frame": -1, "points": [[1, 2]]}), "out_of_range"),
+        (pack({"t": "prompt", "obj": 1, "frame": 0}), "bad_message"),
+        (pack({"t": "prompt", "obj": 1, "frame": 0, "points": [[1, 2]], "labels": [2]}), "bad_message"),
+        (pack({"t": "prompt", "obj": 1, "frame": 0, "points": [[1, 2]] * 65}), "out_of_range"),
+        (pack({"t": "prompt", "obj": 1, "frame": 0, "points": [[float("nan"), 2]]}), "out_of_range"),
+        (pack({"t": "prompt", "obj": 1, "frame": 0, "box": [5, 5, 2, 9]}), "out_of_range"),
+        (pack({"t": "prompt", "obj": 1, "frame": 0, "points": [[1, 2]], "colour": 3}), "bad_message"),
+        (pack({"t": "seek", "frame": True}), "bad_message"),
+        (pack({"t": "export", "format": "xml"}), "out_of_range"),
+        (pack({"t": "hello", "v": 1, "inflight": 99}), "out_of_range"),
+    ],
+)
 def test_parse_rejects(msg: bytes, code: str) -> None:
     with pytest.raises(ProtocolError) as info:
         parse_client_message(msg)
@@ -108,10 +115,17 @@ def test_parse_rejects(msg: bytes, code: str) -> None:
 
 
 def test_parse_accepts_every_client_type() -> None:
-    msgs = [{"t": "hello", "v": 1, "inflight": 3}, {"t": "open", "source": "a.mp4"}, {"t": "watch", "session": "x"},
-            {"t": "prompt", "obj": 2, "frame": 3, "points": [[1.5, 2]], "labels": [0], "box": [0, 0, 4, 4]},
-            {"t": "remove", "obj": 2}, {"t": "seek", "frame": 4}, {"t": "export", "format": "png"},
-            {"t": "ack", "seq": 1, "recv_ms": 1.0, "draw_ms": 2.0}, {"t": "ping", "id": 1, "client_ms": 3.0}]
+    msgs = [
+        {"t": "hello", "v": 1, "inflight": 3},
+        {"t": "open", "source": "a.mp4"},
+        {"t": "watch", "session": "x"},
+        {"t": "prompt", "obj": 2, "frame": 3, "points": [[1.5, 2]], "labels": [0], "box": [0, 0, 4, 4]},
+        {"t": "remove", "obj": 2},
+        {"t": "seek", "frame": 4},
+        {"t": "export", "format": "png"},
+        {"t": "ack", "seq": 1, "recv_ms": 1.0, "draw_ms": 2.0},
+        {"t": "ping", "id": 1, "client_ms": 3.0},
+    ]
     msgs += [{"t": t} for t in ("play", "pause", "step", "reset", "close")]
     for m in msgs:
         parsed = parse_client_message(pack(m))
@@ -140,6 +154,7 @@ def test_client_slot_latest_wins_and_inflight() -> None:
 
 
 # -- over the wire ------------------------------------------------------------------------------------------------
+
 
 def test_round_trip_of_every_message(server: ServerThread) -> None:
     ws, info = opened(server.port)
@@ -202,7 +217,10 @@ def test_bad_messages_get_errors_and_server_stays_up(server: ServerThread) -> No
         cases = [
             (b"\x93\x01", "bad_msgpack"),
             (pack({"t": "prompt", "obj": 1, "frame": 0, "points": [[W + 5, 3]]}), "out_of_range"),
-            (pack({"t": "prompt", "obj": 1, "frame": 0, "points": [[3, 3]], "labels": [0]}), "unknown_object"),
+            (
+                pack({"t": "prompt", "obj": 1, "frame": 0, "points": [[3, 3]], "labels": [0]}),
+                "unknown_object",
+            ),
             (pack({"t": "remove", "obj": 9}), "unknown_object"),
             (pack({"t": "seek", "frame": 10_000}), "out_of_range"),
             (pack({"t": "watch", "session": "nope"}), "unknown_session"),
@@ -299,8 +317,9 @@ def test_stalled_client_does_not_slow_others_or_file_sink(server: ServerThread, 
         while not stalled_session.control.ended:
             assert time.monotonic() < deadline, "the stalled client's own pipeline stalled"
             time.sleep(0.05)
-        slot = server.call(lambda: next(c.slot for c in server.server.clients.values()
-                                        if c.session is stalled_session))
+        slot = server.call(
+            lambda: next(c.slot for c in server.server.clients.values() if c.session is stalled_session)
+        )
         assert slot.sent <= 2 and slot.drops >= 20, slot.stats()
         assert _rss() - rss0 < 100 * 2**20
         stalled_session.control.finish()  # end the stream: the file sink closes and writes its JSON
@@ -313,6 +332,7 @@ def test_stalled_client_does_not_slow_others_or_file_sink(server: ServerThread, 
 
 
 # -- security and HTTP ----------------------------------------------------------------------------------------------
+
 
 def test_non_loopback_bind_requires_token(media: Path) -> None:
     with pytest.raises(ConfigError, match="--token"):
@@ -336,8 +356,10 @@ def test_token_and_origin_checks(media: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(f"http://127.0.0.1:{st.port}/metrics")
         assert info.value.code == 403
-        assert b"vostream_viewer_clients" in urllib.request.urlopen(
-            f"http://127.0.0.1:{st.port}/metrics?token=s3cret-token").read()
+        assert (
+            b"vostream_viewer_clients"
+            in urllib.request.urlopen(f"http://127.0.0.1:{st.port}/metrics?token=s3cret-token").read()
+        )
         req = urllib.request.Request(f"http://127.0.0.1:{st.port}/", headers={"Host": "evil.example:80"})
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(req)
@@ -349,7 +371,13 @@ def test_static_files_only_from_web(server: ServerThread) -> None:
     page = urllib.request.urlopen(base + "/").read()
     assert b"viewer.js" in page
     assert b"MessagePack" in urllib.request.urlopen(base + "/vendor/msgpack.min.js").read()
-    for bad in ("/../pyproject.toml", "/%2e%2e/pyproject.toml", "/__init__.py", "/etc/passwd", "/export/x/y.json"):
+    for bad in (
+        "/../pyproject.toml",
+        "/%2e%2e/pyproject.toml",
+        "/__init__.py",
+        "/etc/passwd",
+        "/export/x/y.json",
+    ):
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(base + bad)
         assert info.value.code == 404, bad
@@ -386,6 +414,24 @@ def test_cli_serve_parser() -> None:
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2  # no --token: refused, one line
 
 
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--max-objects", "0", "max objects must be 1..255"),
+        ("--max-objects", "256", "max objects must be 1..255"),
+        ("--fps", "0", "fps must be > 0"),
+    ],
+)
+def test_cli_serve_rejects_bad_session_options(
+    option: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Session options are validated where they are built: the server never starts with them."""
+    from vostream.pipeline.apps.cli import main
+
+    assert main(["serve", "--port", "0", option, value]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_masks_match_rle(server: ServerThread) -> None:
     ws, _ = opened(server.port)
     with ws:
@@ -397,7 +443,12 @@ def test_masks_match_rle(server: ServerThread) -> None:
         o = m["objs"][0]
         mask = decode_rle_counts(o["rle"]["counts"], H, W)
         ys, xs = np.nonzero(mask)
-        assert mask.any() and o["box"] == [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
+        assert mask.any() and o["box"] == [
+            float(xs.min()),
+            float(ys.min()),
+            float(xs.max() + 1),
+            float(ys.max() + 1),
+        ]
 
 
 def test_sessions_share_one_loaded_tracker_closed_with_the_server(media: Path) -> None:
@@ -416,5 +467,7 @@ def test_sessions_share_one_loaded_tracker_closed_with_the_server(media: Path) -
             assert len(sessions) == 2 and all(s.trackers is cache for s in sessions)
             first.send(pack({"t": "close"}))
             recv(first, "closed")
-            assert st.call(lambda: cache._tracker) is tracker, "closing one session must not close the shared one"
+            assert st.call(lambda: cache._tracker) is tracker, (
+                "closing one session must not close the shared one"
+            )
     assert cache._closed and cache._tracker is None

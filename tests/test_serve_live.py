@@ -6,22 +6,23 @@ follows the stream's pts), seek/export refused, source state in stats, and the `
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import cv2
 import numpy as np
 import pytest
-from rtsp_server import RtspServer, serving, server_available
-from websockets.sync.client import connect
-
+from rtsp_server import RtspServer, server_available, serving
 from test_live import scene, scene_clip
 from test_serve import ack, hello, pack, recv
+from websockets.sync.client import connect
+
 from vostream.pipeline.apps.cli import build_parser
-from vostream.pipeline.errors import ConfigError
-from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread, serve_config
 from vostream.pipeline.apps.serve.media import resolve_source
 from vostream.pipeline.apps.serve.protocol import ProtocolError
+from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread, serve_config
+from vostream.pipeline.errors import ConfigError
 from vostream.samples.scenes import iou
 from vostream.sinks.websocket import decode_rle_counts
 
@@ -113,7 +114,10 @@ def test_live_rtsp_session_prompt_masks_and_refusals(rtsp_server: RtspServer, tm
         played = frames_for(ws, 2.5)
         tracked = [f for f in played if f["objs"]]
         # applied within a few frames of the click (at 30 fps, 15 frames is half a second on a loaded machine)
-        assert tracked and tracked[0]["index"] <= m["index"] + 15, (m["index"], tracked[0]["index"] if tracked else None)
+        assert tracked and tracked[0]["index"] <= m["index"] + 15, (
+            m["index"],
+            tracked[0]["index"] if tracked else None,
+        )
         scores = [iou(obj_mask(f), sc.labels[f["index"]] == 1) for f in tracked]
         assert len(scores) >= 20 and np.mean(scores) >= 0.8, (len(scores), np.mean(scores))
         indices = [f["index"] for f in played]
@@ -170,20 +174,29 @@ def test_live_url_must_be_allowed(rtsp_server: RtspServer, tmp_path: Path) -> No
         hello(ws)
         ws.send(pack({"t": "open", "source": dead}))
         err = reply(ws, ("error", "opened"), timeout=20)
-        assert err["code"] == "source_error" and "cannot connect" in err["message"] and "\n" not in err["message"]
+        assert (
+            err["code"] == "source_error"
+            and "cannot connect" in err["message"]
+            and "\n" not in err["message"]
+        )
 
 
 def test_allow_url_rules_and_cli_source_url(tmp_path: Path) -> None:
     url = "rtsp://user:secret@cam.local:554/stream1?tcp"
     assert resolve_source(tmp_path, url, exact_urls=(url,)) == (url, "rtsp://user:***@cam.local:554/stream1")
-    for requested, kw in ((url + "x", {"exact_urls": (url,)}), (url, {}),
-                          ("rtsp://cam.local/x", {"allow_urls": ("rtsp://other/",)})):
+    for requested, kw in (
+        (url + "x", {"exact_urls": (url,)}),
+        (url, {}),
+        ("rtsp://cam.local/x", {"allow_urls": ("rtsp://other/",)}),
+    ):
         with pytest.raises(ProtocolError) as info:
             resolve_source(tmp_path, requested, **kw)  # type: ignore[arg-type]
         assert info.value.code == "forbidden_path"
     assert resolve_source(tmp_path, "rtsp://cam.local/x", ("rtsp://cam.local/",))[0] == "rtsp://cam.local/x"
     parser = build_parser()
-    cfg = serve_config(parser.parse_args(["serve", "rtsp://127.0.0.1:8554/cam", "--media-root", str(tmp_path)]))
+    cfg = serve_config(
+        parser.parse_args(["serve", "rtsp://127.0.0.1:8554/cam", "--media-root", str(tmp_path)])
+    )
     assert cfg.allow_exact_urls == ("rtsp://127.0.0.1:8554/cam",) and cfg.allow_urls == ()
     assert cfg.default_source == "rtsp://127.0.0.1:8554/cam" and cfg.media_root == str(tmp_path)
     with pytest.raises(ConfigError, match="no such file"):

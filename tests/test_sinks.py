@@ -14,6 +14,7 @@ import pytest
 from media import square_frame, square_mask
 from PIL import Image
 from pycocotools import mask as mask_utils
+
 from vostream.pipeline.errors import ConfigError, OutputError
 from vostream.pipeline.types import Frame, TrackResult, boxes_from_masks
 from vostream.sinks import (
@@ -43,7 +44,7 @@ def _frames(n: int, width: int = W, height: int = H, absent_at: int | None = Non
         image = square_frame(i, width, height)
         m1 = square_mask(i, width, height)
         m2 = np.zeros((height, width), bool)
-        m2[2:10, width - 14:width - 2] = True
+        m2[2:10, width - 14 : width - 2] = True
         ids, masks, present = [1], [m1], [i != absent_at]
         if i >= 2:
             ids.append(2)
@@ -52,8 +53,9 @@ def _frames(n: int, width: int = W, height: int = H, absent_at: int | None = Non
         masks_arr = np.stack(masks)
         masks_arr[~np.asarray(present)] = False
         result = TrackResult(i, ids, [0.9] * len(ids), present, boxes_from_masks(masks_arr), masks=masks_arr)
-        frames.append(Frame(i, image, pts=i * 512, time_base=Fraction(1, 12800), source_id="clip.mp4",
-                            result=result))
+        frames.append(
+            Frame(i, image, pts=i * 512, time_base=Fraction(1, 12800), source_id="clip.mp4", result=result)
+        )
     return frames
 
 
@@ -70,6 +72,7 @@ def _no_tmp(directory: Path) -> None:
 
 
 # -- overlay ---------------------------------------------------------------------------------------------------
+
 
 def test_palette_and_colours() -> None:
     assert DAVIS_PALETTE[0].tolist() == [0, 0, 0]
@@ -94,11 +97,12 @@ def test_draw_overlay_tints_masks_and_keeps_input() -> None:
     changed = np.any(full != plain, axis=2)
     assert changed.sum() > 20
     far = np.zeros_like(changed)
-    far[H - 4:, :4] = True
+    far[H - 4 :, :4] = True
     assert not changed[far].any()
 
 
 # -- video -----------------------------------------------------------------------------------------------------
+
 
 def test_video_sink_writes_playable_annotated_mp4(tmp_path: Path) -> None:
     frames = _frames(12)
@@ -122,7 +126,7 @@ def test_video_sink_writes_playable_annotated_mp4(tmp_path: Path) -> None:
     tint = img[inner].reshape(-1, 3).mean(axis=0) - src[inner].reshape(-1, 3).mean(axis=0)
     assert tint[1] > 15 and tint[0] < -15  # greener, less red than the grey background
     # the square (object 1, DAVIS red over a red square) gets darker red; the background far away is unchanged
-    assert np.abs(img[H - 4:, :4] - src[H - 4:, :4]).mean() < 6
+    assert np.abs(img[H - 4 :, :4] - src[H - 4 :, :4]).mean() < 6
     _no_tmp(tmp_path)
 
 
@@ -159,6 +163,7 @@ def test_video_sink_no_frames_creates_nothing(tmp_path: Path) -> None:
 
 # -- PNG -------------------------------------------------------------------------------------------------------
 
+
 def test_png_sink_writes_palette_pngs_with_ids(tmp_path: Path) -> None:
     frames = _frames(5, absent_at=3)
     _write_all(PngSinkSpec(tmp_path / "masks"), frames)
@@ -181,8 +186,9 @@ def test_png_sink_writes_palette_pngs_with_ids(tmp_path: Path) -> None:
 
 def test_png_sink_rejects_ids_over_255(tmp_path: Path) -> None:
     m = np.ones((1, 4, 4), bool)
-    frame = Frame(0, np.zeros((4, 4, 3), np.uint8),
-                  result=TrackResult(0, [300], [1.0], [True], [[0, 0, 4, 4]], masks=m))
+    frame = Frame(
+        0, np.zeros((4, 4, 3), np.uint8), result=TrackResult(0, [300], [1.0], [True], [[0, 0, 4, 4]], masks=m)
+    )
     with PngSinkSpec(tmp_path).build() as sink:
         with pytest.raises(OutputError, match="object id 300 .* 1..255"):
             sink.write(frame)
@@ -190,18 +196,25 @@ def test_png_sink_rejects_ids_over_255(tmp_path: Path) -> None:
 
 # -- JSON ------------------------------------------------------------------------------------------------------
 
+
 def test_vis_json_decodes_to_the_same_masks(tmp_path: Path) -> None:
     frames = _frames(6, absent_at=4)
     path = tmp_path / "annotations.json"
     _write_all(VisJsonSinkSpec(path), frames)
     doc = json.loads(path.read_text())
     video = doc["videos"][0]
-    assert video == {"id": 1, "file_name": "clip.mp4", "file_names": [f"clip/{i:05d}.jpg" for i in range(6)],
-                     "width": W, "height": H, "length": 6}
+    assert video == {
+        "id": 1,
+        "file_name": "clip.mp4",
+        "file_names": [f"clip/{i:05d}.jpg" for i in range(6)],
+        "width": W,
+        "height": H,
+        "length": 6,
+    }
     assert doc["categories"][0]["id"] == 1
     anns = {a["id"]: a for a in doc["annotations"]}
     assert sorted(anns) == [1, 2]
-    for oid, ann in anns.items():
+    for ann in anns.values():
         assert ann["video_id"] == 1 and ann["category_id"] == 1
         for key in ("segmentations", "bboxes", "areas", "scores"):
             assert len(ann[key]) == 6
@@ -235,6 +248,7 @@ def test_vis_json_error_mid_stream_is_complete(tmp_path: Path) -> None:
 
 # -- MOT -------------------------------------------------------------------------------------------------------
 
+
 def test_mot_lines_are_one_based(tmp_path: Path) -> None:
     frames = _frames(4, absent_at=2)
     path = tmp_path / "mot.txt"
@@ -253,6 +267,7 @@ def test_mot_lines_are_one_based(tmp_path: Path) -> None:
 
 
 # -- atomicity, directories, the helper -------------------------------------------------------------------------
+
 
 def test_files_appear_only_on_close(tmp_path: Path) -> None:
     specs = build_file_sinks(tmp_path, fps=25, source_name="clip.mp4")
@@ -276,7 +291,12 @@ def test_files_appear_only_on_close(tmp_path: Path) -> None:
 
 def test_build_file_sinks_names_and_errors(tmp_path: Path) -> None:
     specs = build_file_sinks(tmp_path, ("json", "mot", "video", "png"), fps=0.0)
-    assert [type(s).__name__ for s in specs] == ["VisJsonSinkSpec", "MotSinkSpec", "VideoSinkSpec", "PngSinkSpec"]
+    assert [type(s).__name__ for s in specs] == [
+        "VisJsonSinkSpec",
+        "MotSinkSpec",
+        "VideoSinkSpec",
+        "PngSinkSpec",
+    ]
     assert Path(specs[2].path) == tmp_path / FILE_FORMATS["video"] and specs[2].fps is None
     assert Path(specs[3].dir) == tmp_path / "masks"
     assert len({s.name for s in specs}) == 4
@@ -285,10 +305,15 @@ def test_build_file_sinks_names_and_errors(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # nothing created before open
 
 
-@pytest.mark.parametrize("spec_for", [
-    lambda d: VideoSinkSpec(d / "o.mp4"), lambda d: PngSinkSpec(d / "masks"),
-    lambda d: VisJsonSinkSpec(d / "a.json"), lambda d: MotSinkSpec(d / "m.txt"),
-])
+@pytest.mark.parametrize(
+    "spec_for",
+    [
+        lambda d: VideoSinkSpec(d / "o.mp4"),
+        lambda d: PngSinkSpec(d / "masks"),
+        lambda d: VisJsonSinkSpec(d / "a.json"),
+        lambda d: MotSinkSpec(d / "m.txt"),
+    ],
+)
 def test_unwritable_directory_fails_at_open(tmp_path: Path, spec_for) -> None:  # type: ignore[no-untyped-def]
     blocker = tmp_path / "file"
     blocker.write_text("a file where a directory should be")

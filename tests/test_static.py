@@ -1,4 +1,6 @@
-"""The package type-checks with mypy (STYLE: "mypy clean on the package")."""
+"""Static checks, run with the suite so that ``.ci/run`` (which runs the suite) enforces them: mypy clean on the
+package (STYLE: "mypy clean on the package"), ruff's lint rules and ruff's formatting (``pyproject.toml``) on
+every Python file of the repository."""
 
 from __future__ import annotations
 
@@ -19,7 +21,40 @@ def test_mypy_clean(tmp_path):
     pkg.mkdir()
     for name in PACKAGES:
         (pkg / name).symlink_to(ROOT / name)
-    r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-                        "--cache-dir", str(tmp_path / ".mypy_cache"), "-p", "vostream"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    (pkg / "__init__.py").symlink_to(ROOT / "pipeline" / "api" / "__init__.py")  # the facade (package-dir)
+    (pkg / "py.typed").symlink_to(ROOT / "pipeline" / "api" / "py.typed")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--cache-dir",
+            str(tmp_path / ".mypy_cache"),
+            "-p",
+            "vostream",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _ruff(*args: str) -> subprocess.CompletedProcess[str]:
+    pytest.importorskip("ruff", reason="ruff is part of the [test] extra: pip install -e '.[test]'")
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_ruff_lint_clean():
+    r = _ruff("check", "--no-cache", ".")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ruff_format_clean():
+    r = _ruff("format", "--no-cache", "--check", ".")
+    assert r.returncode == 0, "run `ruff format .`:\n" + r.stdout + r.stderr

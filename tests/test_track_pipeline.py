@@ -7,14 +7,13 @@ import json
 import av
 import numpy as np
 import pytest
+from media import make_video, square_frames, square_mask
 from PIL import Image
 
-from media import make_video, square_frames, square_mask
 from vostream.pipeline.apps.config import TrackSettings
-from vostream.pipeline.errors import StageError
 from vostream.pipeline.apps.track import build_track_pipeline
-from vostream.pipeline.types import Prompt
-from vostream.stages.track import RemoveObject
+from vostream.pipeline.errors import StageError
+from vostream.pipeline.types import Prompt, RemoveObject
 
 W, H, N = 160, 96, 40
 
@@ -30,8 +29,14 @@ def click(i=0):
 
 
 def settings(video, out, **kw):
-    return TrackSettings(source=str(video), out=str(out), save=("video", "png", "json", "mot"),
-                         prompts=kw.pop("prompts", [Prompt(1, 0, click(), [1])]), queue_size=2, **kw)
+    return TrackSettings(
+        source=str(video),
+        out=str(out),
+        save=("video", "png", "json", "mot"),
+        prompts=kw.pop("prompts", [Prompt(1, 0, click(), [1])]),
+        queue_size=2,
+        **kw,
+    )
 
 
 def _raise_after(obj, method: str, after: int, monkeypatch):
@@ -47,10 +52,16 @@ def _raise_after(obj, method: str, after: int, monkeypatch):
     monkeypatch.setattr(obj, method, wrapped)
 
 
-@pytest.mark.parametrize("where, stage_name", [
-    ("source", "decode"), ("preprocess", "preprocess"), ("track", "track"), ("postprocess", "postprocess"),
-    ("mot", "mot"),
-])
+@pytest.mark.parametrize(
+    "where, stage_name",
+    [
+        ("source", "decode"),
+        ("preprocess", "preprocess"),
+        ("track", "track"),
+        ("postprocess", "postprocess"),
+        ("mot", "mot"),
+    ],
+)
 def test_error_mid_stream_names_stage_and_keeps_outputs(video, tmp_path, monkeypatch, where, stage_name):
     pipe, _ = build_track_pipeline(settings(video, tmp_path))
     if where == "source":

@@ -25,8 +25,14 @@ from vostream.samples.scenes import iou, render_scene, write_scene  # noqa: E402
 from vostream.sinks.websocket import decode_rle_counts  # noqa: E402
 
 ARTEFACTS = Path(os.environ.get("VOSTREAM_TEST_ARTEFACTS", tempfile.gettempdir())) / "vostream-test-artefacts"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +49,14 @@ def browser():
 
     profile = tempfile.mkdtemp(prefix="vostream-chromium-")
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True,
-                                                       args=CHROMIUM_ARGS, viewport={"width": 900, "height": 560},
-                                                       bypass_csp=True)  # page.evaluate needs eval; the page keeps its CSP otherwise
+        context = p.chromium.launch_persistent_context(
+            profile,
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 900, "height": 560},
+            bypass_csp=True,
+        )  # page.evaluate needs eval; the page keeps its CSP otherwise
         try:
             yield context
         finally:
@@ -85,7 +96,9 @@ def test_click_to_track_in_chromium(scene_media, browser) -> None:
         page.keyboard.press("n")
         x2, y2 = scene.click(2)
         _click_at(page, x2, y2)
-        page.wait_for_function("window.__vostream.objs[2] && window.__vostream.objs[2].area > 0", timeout=15000)
+        page.wait_for_function(
+            "window.__vostream.objs[2] && window.__vostream.objs[2].area > 0", timeout=15000
+        )
         assert page.evaluate("window.__vostream.state.objects") == [1, 2]
         assert page.evaluate("document.querySelectorAll('#objects li').length") == 2
 
@@ -116,11 +129,15 @@ def test_click_to_track_in_chromium(scene_media, browser) -> None:
         page.locator("#objects li").nth(1).click()
         drawn = st["frames"]
         _click_at(page, 2, 2, button="right")
-        page.wait_for_function(f"window.__vostream.frames > {drawn}", timeout=15000)  # the frame is re-tracked
+        page.wait_for_function(
+            f"window.__vostream.frames > {drawn}", timeout=15000
+        )  # the frame is re-tracked
         objs = page.evaluate("window.__vostream.objs")
         assert objs["1"]["area"] > 0 and objs["2"]["area"] > 0
-        assert page.evaluate(f"window.__vostream.lastIndex") == len(scene) - 1
-        assert page.evaluate("window.__vostream.errors.length") == 0, page.evaluate("window.__vostream.errors")
+        assert page.evaluate("window.__vostream.lastIndex") == len(scene) - 1
+        assert page.evaluate("window.__vostream.errors.length") == 0, page.evaluate(
+            "window.__vostream.errors"
+        )
 
         # stats overlay and the screenshot
         page.wait_for_function("window.__vostream.server !== null", timeout=5000)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from vostream.pipeline.apps.config import PROVIDERS
-from vostream.pipeline.errors import ConfigError, PromptError, VostreamError, describe
+from vostream.pipeline.errors import ConfigError, Interrupted, PromptError, VostreamError, describe
+from vostream.pipeline.version import package_version
 
 logger = logging.getLogger("vostream")
 
@@ -25,8 +27,13 @@ EXIT_INTERNAL = 70
 class _PromptToken(argparse.Action):
     """Keeps --obj/--frame/--point/--neg/--box/--mask in command-line order, so ``--obj`` starts a new object."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         tokens = getattr(namespace, "prompt_tokens", None) or []
         tokens.append((self.dest, values, option_string))
         namespace.prompt_tokens = tokens
@@ -34,17 +41,42 @@ class _PromptToken(argparse.Action):
 
 def _add_prompt_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("prompts (coordinates in source pixels)")
-    g.add_argument("--obj", dest="obj", metavar="ID", action=_PromptToken,
-                   help="start a new object with this id (the first object is 1 unless given)")
-    g.add_argument("--frame", dest="frame", metavar="N", action=_PromptToken,
-                   help="frame index (0-based) of the current object's prompts (default 0)")
-    g.add_argument("--point", dest="point", metavar="X,Y", action=_PromptToken, help="positive point (repeatable)")
-    g.add_argument("--neg", dest="neg", metavar="X,Y", action=_PromptToken, help="negative point (repeatable)")
-    g.add_argument("--box", dest="box", metavar="X0,Y0,X1,Y1", action=_PromptToken, help="box around the object")
-    g.add_argument("--mask", dest="mask", metavar="PNG", action=_PromptToken,
-                   help="mask image: non-zero pixels are the object")
-    g.add_argument("--prompts", dest="prompts_file", metavar="FILE.json",
-                   help="prompts file: per-object prompts on any frame (docs/prompts.md)")
+    g.add_argument(
+        "--obj",
+        dest="obj",
+        metavar="ID",
+        action=_PromptToken,
+        help="start a new object with this id (the first object is 1 unless given)",
+    )
+    g.add_argument(
+        "--frame",
+        dest="frame",
+        metavar="N",
+        action=_PromptToken,
+        help="frame index (0-based) of the current object's prompts (default 0)",
+    )
+    g.add_argument(
+        "--point", dest="point", metavar="X,Y", action=_PromptToken, help="positive point (repeatable)"
+    )
+    g.add_argument(
+        "--neg", dest="neg", metavar="X,Y", action=_PromptToken, help="negative point (repeatable)"
+    )
+    g.add_argument(
+        "--box", dest="box", metavar="X0,Y0,X1,Y1", action=_PromptToken, help="box around the object"
+    )
+    g.add_argument(
+        "--mask",
+        dest="mask",
+        metavar="PNG",
+        action=_PromptToken,
+        help="mask image: non-zero pixels are the object",
+    )
+    g.add_argument(
+        "--prompts",
+        dest="prompts_file",
+        metavar="FILE.json",
+        help="prompts file: per-object prompts on any frame (docs/prompts.md)",
+    )
 
 
 def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Any]:
@@ -105,105 +137,181 @@ def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Any]:
     for g in groups:
         if not g["points"] and g["box"] is None and g["mask"] is None:
             raise PromptError(f"--obj {g['obj']} has no --point, --box or --mask")
-        out.append(Prompt(g["obj"], g["frame"], np.asarray(g["points"], np.float32).reshape(-1, 2), g["labels"],
-                          g["box"], g["mask"]))
+        out.append(
+            Prompt(
+                g["obj"],
+                g["frame"],
+                np.asarray(g["points"], np.float32).reshape(-1, 2),
+                g["labels"],
+                g["box"],
+                g["mask"],
+            )
+        )
     return out
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="vostream", description="Streaming video object tracking: click an object, follow it with masks.")
-    parser.add_argument("--version", action="version", version=f"vostream {_version()}")
+        prog="vostream", description="Streaming video object tracking: click an object, follow it with masks."
+    )
+    parser.add_argument("--version", action="version", version=f"vostream {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    t = sub.add_parser("track", help="track objects through a video file or frames directory",
-                       description="Track objects from prompts through SOURCE and write the outputs to --out.",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n"
-                              "  vostream track video.mp4 --point 420,240 --out out/run1\n"
-                              "  vostream track video.mp4 --point 420,240 --neg 470,250 --obj 2 --box 100,80,220,300 "
-                              "--out out/run2 --save video,png,json,mot\n"
-                              "  vostream track frames/ --prompts prompts.json --out out/run3\n"
-                              "  vostream track --config deploy.toml\n"
-                              "  vostream track video.mp4 --point 420,240 --out out/run4 --backend onnx "
-                              "--model exports/sam2.1-tiny --provider cuda\n\n"
-                              "docs: docs/prompts.md (prompts), docs/config.md (config), docs/outputs.md (formats)")
-    t.add_argument("source", nargs="?", help="video file (any format FFmpeg reads) or directory of numbered frames")
+    t = sub.add_parser(
+        "track",
+        help="track objects through a video file or frames directory",
+        description="Track objects from prompts through SOURCE and write the outputs to --out.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  vostream track video.mp4 --point 420,240 --out out/run1\n"
+        "  vostream track video.mp4 --point 420,240 --neg 470,250 --obj 2 --box 100,80,220,300 "
+        "--out out/run2 --save video,png,json,mot\n"
+        "  vostream track frames/ --prompts prompts.json --out out/run3\n"
+        "  vostream track --config deploy.toml\n"
+        "  vostream track video.mp4 --point 420,240 --out out/run4 --backend onnx "
+        "--model exports/sam2.1-tiny --provider cuda\n\n"
+        "docs: docs/prompts.md (prompts), docs/config.md (config), docs/outputs.md (formats)",
+    )
+    t.add_argument(
+        "source", nargs="?", help="video file (any format FFmpeg reads) or directory of numbered frames"
+    )
     t.add_argument("--out", "-o", metavar="DIR", help="output directory")
-    t.add_argument("--save", metavar="FORMATS",
-                   help="comma-separated outputs: video (annotated MP4), png (DAVIS palette PNGs), "
-                        "json (YouTube-VIS style with COCO RLE), mot (MOT text); default video,json,mot")
-    t.add_argument("--config", metavar="FILE.toml", help="TOML file with any of these options; flags override it")
+    t.add_argument(
+        "--save",
+        metavar="FORMATS",
+        help="comma-separated outputs: video (annotated MP4), png (DAVIS palette PNGs), "
+        "json (YouTube-VIS style with COCO RLE), mot (MOT text); default video,json,mot",
+    )
+    t.add_argument(
+        "--config", metavar="FILE.toml", help="TOML file with any of these options; flags override it"
+    )
     _add_prompt_options(t)
     g = t.add_argument_group("tracker")
-    g.add_argument("--backend", help="tracker backend: classic (default; no weights needed) or onnx (a SAM 2.1 / "
-                                     "EdgeTAM / SAM 3 export from 'vostream export', on ONNX Runtime)")
-    g.add_argument("--model", metavar="DIR", help="model directory for neural backends (onnx: a 'vostream export' "
-                                                  "output directory)")
-    g.add_argument("--provider", choices=PROVIDERS,
-                   help="onnx: ONNX Runtime execution provider (default cpu; cuda and tensorrt need onnxruntime-gpu)")
-    g.add_argument("--threads", type=int, metavar="N", help="onnx: ONNX Runtime threads (default: its own choice)")
-    g.add_argument("--device-id", type=int, metavar="N",
-                   help="accelerator index: the CUDA device for onnx (default 0)")
+    g.add_argument(
+        "--backend",
+        help="tracker backend: classic (default; no weights needed) or onnx (a SAM 2.1 / "
+        "EdgeTAM / SAM 3 export from 'vostream export', on ONNX Runtime)",
+    )
+    g.add_argument(
+        "--model",
+        metavar="DIR",
+        help="model directory for neural backends (onnx: a 'vostream export' output directory)",
+    )
+    g.add_argument(
+        "--provider",
+        choices=PROVIDERS,
+        help="onnx: ONNX Runtime execution provider (default cpu; cuda and tensorrt need onnxruntime-gpu)",
+    )
+    g.add_argument(
+        "--threads", type=int, metavar="N", help="onnx: ONNX Runtime threads (default: its own choice)"
+    )
+    g.add_argument(
+        "--device-id", type=int, metavar="N", help="accelerator index: the CUDA device for onnx (default 0)"
+    )
     g = t.add_argument_group("pipeline")
     g.add_argument("--queue-size", type=int, metavar="N", help="capacity of every queue (default 8)")
-    g.add_argument("--policy", choices=("block", "latest"),
-                   help="queue policy: block (lossless; default for files) or latest (drop oldest; live feeds)")
+    g.add_argument(
+        "--policy",
+        choices=("block", "latest"),
+        help="queue policy: block (lossless; default for files) or latest (drop oldest; live feeds)",
+    )
     g.add_argument("--max-frames", type=int, metavar="N", help="stop after N frames")
     g.add_argument("--fill-holes", action="store_const", const=True, default=None, help="fill holes in masks")
-    g.add_argument("--min-area", type=int, metavar="PX", help="remove mask specks (and holes) under PX pixels")
-    g.add_argument("--opencv-threads", type=int, metavar="N",
-                   help="OpenCV threads per stage (default: 1 on machines with up to 4 cores, else half the cores)")
+    g.add_argument(
+        "--min-area", type=int, metavar="PX", help="remove mask specks (and holes) under PX pixels"
+    )
+    g.add_argument(
+        "--opencv-threads",
+        type=int,
+        metavar="N",
+        help="OpenCV threads per stage (default: 1 on machines with up to 4 cores, else half the cores)",
+    )
     g = t.add_argument_group("live feeds (rtsp://, http(s)://, /dev/videoN; docs/live.md)")
     g.add_argument("--rtsp-out", metavar="URL", help="publish the annotated stream to this rtsp:// URL")
     g.add_argument("--rtsp-transport", choices=("tcp", "udp"), help="RTSP source transport (default tcp)")
     g.add_argument("--open-timeout", type=float, metavar="S", help="seconds to connect (default 10)")
-    g.add_argument("--read-timeout", type=float, metavar="S",
-                   help="seconds without packets before the feed counts as stalled and is reconnected (default 3)")
-    g.add_argument("--reconnect-attempts", type=int, metavar="N",
-                   help="failed reconnects in a row before giving up (default: never give up)")
-    g.add_argument("--reconnect-max-delay", type=float, metavar="S", help="cap of the reconnect backoff (default 10)")
-    g.add_argument("--rtsp-out-bitrate", type=int, metavar="BPS", help="RTSP output bitrate (default: CRF 23)")
-    g.add_argument("--rtsp-out-gop", type=int, metavar="N", help="RTSP output keyframe interval (default: 1 s)")
+    g.add_argument(
+        "--read-timeout",
+        type=float,
+        metavar="S",
+        help="seconds without packets before the feed counts as stalled and is reconnected (default 3)",
+    )
+    g.add_argument(
+        "--reconnect-attempts",
+        type=int,
+        metavar="N",
+        help="failed reconnects in a row before giving up (default: never give up)",
+    )
+    g.add_argument(
+        "--reconnect-max-delay", type=float, metavar="S", help="cap of the reconnect backoff (default 10)"
+    )
+    g.add_argument(
+        "--rtsp-out-bitrate", type=int, metavar="BPS", help="RTSP output bitrate (default: CRF 23)"
+    )
+    g.add_argument(
+        "--rtsp-out-gop", type=int, metavar="N", help="RTSP output keyframe interval (default: 1 s)"
+    )
     _add_common(t)
 
-    d = sub.add_parser("demo", help="make a sample scene (if absent) and track it, writing every output",
-                       description="Generates a synthetic scene with ground truth into the samples folder "
-                                   "(once), tracks it from one click per object and writes all outputs.")
-    d.add_argument("--out", "-o", metavar="DIR", default="out/demo", help="output directory (default out/demo)")
+    d = sub.add_parser(
+        "demo",
+        help="make a sample scene (if absent) and track it, writing every output",
+        description="Generates a synthetic scene with ground truth into the samples folder "
+        "(once), tracks it from one click per object and writes all outputs.",
+    )
+    d.add_argument(
+        "--out", "-o", metavar="DIR", default="out/demo", help="output directory (default out/demo)"
+    )
     d.add_argument("--scene", default="crossing", help="which synthetic scene (default crossing)")
-    d.add_argument("--samples-dir", metavar="DIR", help="where sample media are kept (default: the samples folder)")
+    d.add_argument(
+        "--samples-dir", metavar="DIR", help="where sample media are kept (default: the samples folder)"
+    )
     _add_common(d)
 
-    e = sub.add_parser("export", help="export a SAM 2.1 / EdgeTAM / SAM 3 checkpoint for --backend onnx",
-                       description="Convert a Hugging Face transformers checkpoint of a SAM-2-family video model "
-                                   "(Sam2VideoModel, EdgeTamVideoModel, Sam3TrackerVideoModel) into four ONNX graphs "
-                                   "plus manifest.json in --out, each graph checked against PyTorch. Needs PyTorch "
-                                   "and transformers >= 5 (pip install 'vostream[export]'); tracking with the result "
-                                   "does not.",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n"
-                              "  vostream export facebook/sam2.1-hiera-tiny --out exports/sam2.1-tiny\n"
-                              "  vostream export yonigozlan/EdgeTAM-hf --out exports/edgetam\n"
-                              "  vostream export facebook/sam3 --out exports/sam3   # gated: huggingface-cli login\n"
-                              "  vostream export ./my-finetuned-sam2 --out exports/mine --cond-slots 4 --force\n"
-                              "then:\n"
-                              "  vostream track video.mp4 --point 420,240 --out out/run --backend onnx "
-                              "--model exports/sam2.1-tiny\n\n"
-                              "docs: docs/sam2-backend.md")
-    e.add_argument("model", metavar="MODEL",
-                   help="Hugging Face hub id or local directory written by save_pretrained")
+    e = sub.add_parser(
+        "export",
+        help="export a SAM 2.1 / EdgeTAM / SAM 3 checkpoint for --backend onnx",
+        description="Convert a Hugging Face transformers checkpoint of a SAM-2-family video model "
+        "(Sam2VideoModel, EdgeTamVideoModel, Sam3TrackerVideoModel) into four ONNX graphs "
+        "plus manifest.json in --out, each graph checked against PyTorch. Needs PyTorch "
+        "and transformers >= 5 (pip install 'vostream[export]'); tracking with the result "
+        "does not.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  vostream export facebook/sam2.1-hiera-tiny --out exports/sam2.1-tiny\n"
+        "  vostream export yonigozlan/EdgeTAM-hf --out exports/edgetam\n"
+        "  vostream export facebook/sam3 --out exports/sam3   # gated: huggingface-cli login\n"
+        "  vostream export ./my-finetuned-sam2 --out exports/mine --cond-slots 4 --force\n"
+        "then:\n"
+        "  vostream track video.mp4 --point 420,240 --out out/run --backend onnx "
+        "--model exports/sam2.1-tiny\n\n"
+        "docs: docs/sam2-backend.md",
+    )
+    e.add_argument(
+        "model", metavar="MODEL", help="Hugging Face hub id or local directory written by save_pretrained"
+    )
     e.add_argument("--out", "-o", metavar="DIR", required=True, help="directory to write the export into")
     e.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default 17; at least 17)")
-    e.add_argument("--cond-slots", type=int, metavar="C",
-                   help="conditioning-frame memory slots kept per object (default: the family's)")
-    e.add_argument("--fp16", action="store_true",
-                   help="fp16 graphs (LayerNorm, Softmax and the mask sigmoid stay fp32; inputs/outputs stay fp32): "
-                        "half the size, for GPUs; slower on most CPUs")
-    e.add_argument("--image-size", type=int, metavar="PX",
-                   help="model input size (default: the checkpoint's own, e.g. 1024); smaller runs faster with "
-                        "coarser masks: about (PX/1024)^2 of the image encoder's time. SAM 2.1 takes multiples of "
-                        "32, EdgeTAM of 256, the SAM 3 tracker of 14")
+    e.add_argument(
+        "--cond-slots",
+        type=int,
+        metavar="C",
+        help="conditioning-frame memory slots kept per object (default: the family's)",
+    )
+    e.add_argument(
+        "--fp16",
+        action="store_true",
+        help="fp16 graphs (LayerNorm, Softmax and the mask sigmoid stay fp32; inputs/outputs stay fp32): "
+        "half the size, for GPUs; slower on most CPUs",
+    )
+    e.add_argument(
+        "--image-size",
+        type=int,
+        metavar="PX",
+        help="model input size (default: the checkpoint's own, e.g. 1024); smaller runs faster with "
+        "coarser masks: about (PX/1024)^2 of the image encoder's time. SAM 2.1 takes multiples of "
+        "32, EdgeTAM of 256, the SAM 3 tracker of 14",
+    )
     e.add_argument("--force", action="store_true", help="replace an existing export in --out")
     from vostream.pipeline.apps.export.atc import add_om_arguments
 
@@ -225,19 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quiet", "-q", action="store_const", const=True, default=None,
-                   help="no progress bar or summary")
+    p.add_argument(
+        "--quiet", "-q", action="store_const", const=True, default=None, help="no progress bar or summary"
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="log every module's progress")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("vostream")
-    except Exception:  # noqa: BLE001 - not installed as a distribution
-        return "unknown"
 
 
 def _settings_from_args(args: argparse.Namespace) -> Any:
@@ -246,16 +346,31 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
     config = load_config(args.config) if args.config else None
     prompts = prompts_from_tokens(getattr(args, "prompt_tokens", None) or [])
     cli = {
-        "source": args.source, "out": args.out, "save": args.save, "backend": args.backend, "model": args.model,
-        "provider": args.provider, "threads": args.threads, "device_id": args.device_id,
-        "queue_size": args.queue_size, "policy": args.policy, "max_frames": args.max_frames,
-        "fill_holes": args.fill_holes, "min_area": args.min_area, "quiet": args.quiet,
+        "source": args.source,
+        "out": args.out,
+        "save": args.save,
+        "backend": args.backend,
+        "model": args.model,
+        "provider": args.provider,
+        "threads": args.threads,
+        "device_id": args.device_id,
+        "queue_size": args.queue_size,
+        "policy": args.policy,
+        "max_frames": args.max_frames,
+        "fill_holes": args.fill_holes,
+        "min_area": args.min_area,
+        "quiet": args.quiet,
         "opencv_threads": args.opencv_threads,
-        "rtsp_out": args.rtsp_out, "rtsp_transport": args.rtsp_transport, "open_timeout": args.open_timeout,
-        "read_timeout": args.read_timeout, "reconnect_attempts": args.reconnect_attempts,
-        "reconnect_max_delay": args.reconnect_max_delay, "rtsp_out_bitrate": args.rtsp_out_bitrate,
+        "rtsp_out": args.rtsp_out,
+        "rtsp_transport": args.rtsp_transport,
+        "open_timeout": args.open_timeout,
+        "read_timeout": args.read_timeout,
+        "reconnect_attempts": args.reconnect_attempts,
+        "reconnect_max_delay": args.reconnect_max_delay,
+        "rtsp_out_bitrate": args.rtsp_out_bitrate,
         "rtsp_out_gop": args.rtsp_out_gop,
-        "prompts": prompts, "prompts_file": args.prompts_file,
+        "prompts": prompts,
+        "prompts_file": args.prompts_file,
     }
     return merge_settings(config, cli)
 
@@ -269,7 +384,7 @@ def cmd_track(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from vostream.pipeline.apps.track import run_demo
+    from vostream.pipeline.apps.demo import run_demo
 
     report = run_demo(out=args.out, scene=args.scene, samples_dir=args.samples_dir, quiet=bool(args.quiet))
     return 130 if report.interrupted else 0
@@ -303,13 +418,25 @@ def cmd_export(args: argparse.Namespace) -> int:
             print(msg, file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
-    manifest = export_model(args.model, args.out, opset=args.opset or DEFAULT_OPSET, cond_slots=args.cond_slots,
-                            fp16=args.fp16, image_size=args.image_size, overwrite=args.force, progress=say)
+    manifest = export_model(
+        args.model,
+        args.out,
+        opset=args.opset or DEFAULT_OPSET,
+        cond_slots=args.cond_slots,
+        fp16=args.fp16,
+        image_size=args.image_size,
+        overwrite=args.force,
+        progress=say,
+    )
     out = Path(args.out)
-    sizes = ", ".join(f"{name} {(out / g.file).stat().st_size / 1e6:.1f} MB" for name, g in manifest.graphs.items())
-    print(f"exported {args.model} ({manifest.family}, {manifest.image_size}px): {len(manifest.graphs)} graphs "
-          f"({sizes}; {_dir_mb(out):.1f} MB in all) to {out} in {time.perf_counter() - t0:.1f} s; "
-          f"track with: vostream track SOURCE --backend onnx --model {out}")
+    sizes = ", ".join(
+        f"{name} {(out / g.file).stat().st_size / 1e6:.1f} MB" for name, g in manifest.graphs.items()
+    )
+    print(
+        f"exported {args.model} ({manifest.family}, {manifest.image_size}px): {len(manifest.graphs)} graphs "
+        f"({sizes}; {_dir_mb(out):.1f} MB in all) to {out} in {time.perf_counter() - t0:.1f} s; "
+        f"track with: vostream track SOURCE --backend onnx --model {out}"
+    )
     from vostream.pipeline.apps.export.atc import describe, om_from_args
 
     record = om_from_args(args, manifest, out, progress=say)
@@ -342,26 +469,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     if not args.quiet:  # the run's own status lines; library modules stay at WARNING unless --verbose
         logging.getLogger("vostream.pipeline.apps.track").setLevel(logging.INFO)
     try:
-        return {"track": cmd_track, "demo": cmd_demo, "export": cmd_export, "annotate": cmd_annotate,
-                "serve": cmd_serve, "doctor": cmd_doctor}[args.command](args)
+        return {
+            "track": cmd_track,
+            "demo": cmd_demo,
+            "export": cmd_export,
+            "annotate": cmd_annotate,
+            "serve": cmd_serve,
+            "doctor": cmd_doctor,
+        }[args.command](args)
     except VostreamError as exc:
         if args.debug:
             logger.exception("failed")
         print(f"vostream: error: {describe(exc)}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("vostream: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Interrupted (outputs finalised) or a Ctrl-C outside a run
+        print(
+            f"vostream: {describe(exc) if isinstance(exc, Interrupted) else 'interrupted'}", file=sys.stderr
+        )
         return 130
     except Exception as exc:  # noqa: BLE001 - last resort: one line, not a traceback dump
         if args.debug:
             raise
-        print(f"vostream: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback, "
-              "and please report it)", file=sys.stderr)
+        print(
+            f"vostream: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback, "
+            "and please report it)",
+            file=sys.stderr,
+        )
         return EXIT_INTERNAL
 
 

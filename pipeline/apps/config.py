@@ -96,8 +96,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r}: cannot be read ({exc.strerror})") from exc
     unknown = set(data) - _CONFIG_KEYS
     if unknown:
-        raise ConfigError(f"config file {str(p)!r}: unknown key(s) {sorted(unknown)}; "
-                          f"known keys: {sorted(_CONFIG_KEYS)}")
+        raise ConfigError(
+            f"config file {str(p)!r}: unknown key(s) {sorted(unknown)}; known keys: {sorted(_CONFIG_KEYS)}"
+        )
     data["__base__"] = p.parent
     return data
 
@@ -131,19 +132,28 @@ def _check_type(key: str, value: Any, where: str) -> Any:
     elif key in ("queue_size",):
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 1, "an integer >= 1")
     elif key == "opencv_threads":
-        want(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
-             "an integer >= 1")
+        want(
+            value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+            "an integer >= 1",
+        )
     elif key in ("min_area",):
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an integer >= 0")
     elif key == "max_frames":
-        want(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
-             "an integer >= 1")
+        want(
+            value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+            "an integer >= 1",
+        )
     elif key in ("open_timeout", "read_timeout", "reconnect_max_delay"):
-        want(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, "a positive number")
+        want(
+            isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, "a positive number"
+        )
         return float(value)
     elif key in ("reconnect_attempts", "live_queue_size", "rtsp_out_bitrate", "rtsp_out_gop"):
-        want((value is None and key != "live_queue_size")
-             or (isinstance(value, int) and not isinstance(value, bool) and value >= 1), "an integer >= 1")
+        want(
+            (value is None and key != "live_queue_size")
+            or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+            "an integer >= 1",
+        )
     elif key == "rtsp_transport":
         want(value in ("tcp", "udp"), "tcp or udp")
     elif key == "rtsp_out":
@@ -177,7 +187,9 @@ def merge_settings(config: dict[str, Any] | None, cli: dict[str, Any]) -> TrackS
             elif isinstance(value, list):
                 s.prompts = prompts_from_dicts(value, "config", base)
             else:
-                raise ConfigError("config: 'prompts' must be a prompts-file path or an array of tables ([[prompts]])")
+                raise ConfigError(
+                    "config: 'prompts' must be a prompts-file path or an array of tables ([[prompts]])"
+                )
         elif key in _PATH_KEYS and isinstance(value, str) and value and "://" not in value:
             setattr(s, key, str(base / _check_type(key, value, "config")))
         else:
@@ -194,7 +206,9 @@ def merge_settings(config: dict[str, Any] | None, cli: dict[str, Any]) -> TrackS
     if s.source is None:
         raise ConfigError("no SOURCE given: pass a video file or frames directory (or 'source' in --config)")
     if s.out is None and s.rtsp_out is None:
-        raise ConfigError("no output directory given: pass --out DIR (or 'out' in --config), or --rtsp-out URL")
+        raise ConfigError(
+            "no output directory given: pass --out DIR (or 'out' in --config), or --rtsp-out URL"
+        )
     return s
 
 
@@ -209,5 +223,14 @@ def tracker_options(settings: TrackSettings) -> dict[str, Any]:
     return options
 
 
-__all__ = ["DEFAULT_SAVE", "PROVIDERS", "SAVE_FORMATS", "TRACKER_KEYS", "TrackSettings", "load_config",
-           "merge_settings", "parse_save", "tracker_options"]
+__all__ = [
+    "DEFAULT_SAVE",
+    "PROVIDERS",
+    "SAVE_FORMATS",
+    "TRACKER_KEYS",
+    "TrackSettings",
+    "load_config",
+    "merge_settings",
+    "parse_save",
+    "tracker_options",
+]

@@ -5,8 +5,9 @@ Checks (one line each, status OK / MISSING / FAIL / SKIP):
 * ``classic`` — the built-in tracker (OpenCV);
 * ``onnx`` — ``onnxruntime`` importable, its version and execution providers (CUDA / TensorRT or not);
 * ``acl`` — pyACL (``import acl``, shipped with the CANN toolkit): ACL version, CANN version, SoC, device count and
-  free/total HBM of ``--device-id``.  ``VOSTREAM_FAKE_ACL=1`` installs the in-package fake and says so.  A real
-  pyACL is probed in a child process, so a native crash or a device left set cannot affect this process;
+  free/total HBM of ``--device-id``.  pyACL is probed in a child process, so a native crash or a device left set
+  cannot affect this process.  A module that declares itself a fake (``__vostream_fake__``, the tests' fake pyACL
+  run through ``python tests/fake_acl.py doctor``) is labelled as such;
 * ``atc`` — the ATC converter (``.onnx`` -> ``.om``) on ``PATH``;
 * ``export`` — torch / transformers / onnx for ``vostream export`` (versions read from package metadata; nothing
   heavy is imported);
@@ -25,7 +26,6 @@ import argparse
 import importlib
 import importlib.util
 import json
-import os
 import platform
 import shutil
 import subprocess
@@ -42,8 +42,9 @@ EXIT_MODEL_FAILED = 1
 ACL_HBM_MEM = 1  # aclrtMemAttr
 ACL_ERROR_REPEAT_INITIALIZE = 100002
 PROBE_TIMEOUT_S = 120.0
-CANN_HINT = ("install the CANN toolkit (it ships pyACL) and 'source /usr/local/Ascend/ascend-toolkit/set_env.sh'; "
-             "VOSTREAM_FAKE_ACL=1 uses the in-package fake instead")
+CANN_HINT = (
+    "install the CANN toolkit (it ships pyACL) and 'source /usr/local/Ascend/ascend-toolkit/set_env.sh'"
+)
 
 
 @dataclass
@@ -84,22 +85,36 @@ def check_onnx() -> Check:
     try:
         import onnxruntime as ort
     except Exception as exc:  # noqa: BLE001
-        return Check("onnx", MISSING, f"onnxruntime not importable ({exc}): pip install onnxruntime "
-                                      "(or onnxruntime-gpu for CUDA / TensorRT)")
+        return Check(
+            "onnx",
+            MISSING,
+            f"onnxruntime not importable ({exc}): pip install onnxruntime "
+            "(or onnxruntime-gpu for CUDA / TensorRT)",
+        )
     providers = list(ort.get_available_providers())
     cuda = "CUDAExecutionProvider" in providers
     trt = "TensorrtExecutionProvider" in providers
-    data = {"version": ort.__version__, "providers": providers, "cuda": cuda, "tensorrt": trt,
-            "device": ort.get_device()}
+    data = {
+        "version": ort.__version__,
+        "providers": providers,
+        "cuda": cuda,
+        "tensorrt": trt,
+        "device": ort.get_device(),
+    }
     if "CPUExecutionProvider" not in providers:
-        return Check("onnx", FAIL, f"onnxruntime {ort.__version__} has no CPUExecutionProvider "
-                                   f"(providers: {', '.join(providers)})", data)
-    return Check("onnx", OK, f"onnxruntime {ort.__version__}; providers {', '.join(providers)}; "
-                             f"CUDA {'yes' if cuda else 'no'}, TensorRT {'yes' if trt else 'no'}", data)
-
-
-def _fake_requested() -> bool:
-    return os.environ.get("VOSTREAM_FAKE_ACL", "").strip().lower() in ("1", "true", "yes", "on")
+        return Check(
+            "onnx",
+            FAIL,
+            f"onnxruntime {ort.__version__} has no CPUExecutionProvider (providers: {', '.join(providers)})",
+            data,
+        )
+    return Check(
+        "onnx",
+        OK,
+        f"onnxruntime {ort.__version__}; providers {', '.join(providers)}; "
+        f"CUDA {'yes' if cuda else 'no'}, TensorRT {'yes' if trt else 'no'}",
+        data,
+    )
 
 
 def probe_acl_module(acl: Any, device_id: int = 0) -> dict[str, Any]:
@@ -159,6 +174,7 @@ def _acl_probe_child(device_id: int) -> None:
     try:
         info = probe_acl_module(acl, device_id)
         info["module"] = getattr(acl, "__file__", None)
+        info["fake"] = bool(getattr(acl, "__vostream_fake__", False))
     except Exception as exc:  # noqa: BLE001
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
         return
@@ -178,58 +194,74 @@ def _acl_detail(info: dict[str, Any], cann: str | None) -> str:
     parts.append(f"SoC {info.get('soc') or '?'}")
     parts.append(f"{info.get('device_count', '?')} device(s)")
     if "hbm_total" in info:
-        parts.append(f"device {info.get('device_id', 0)} HBM free {_gib(info['hbm_free'])} of "
-                     f"{_gib(info['hbm_total'])}")
+        parts.append(
+            f"device {info.get('device_id', 0)} HBM free {_gib(info['hbm_free'])} of "
+            f"{_gib(info['hbm_total'])}"
+        )
     return ", ".join(parts)
 
 
 def check_acl(device_id: int = 0) -> Check:
-    """pyACL: the fake when ``VOSTREAM_FAKE_ACL=1``, else a real ``acl`` probed in a child process."""
+    """pyACL (``import acl``), probed in a child process."""
     from vostream.pipeline.apps.export.atc import detect_cann_version
 
     cann, cann_src = detect_cann_version()
     loaded = sys.modules.get("acl")
-    fake_loaded = loaded is not None and bool(getattr(loaded, "__vostream_fake__", False))
-    if _fake_requested() or fake_loaded:
-        from vostream.stages.trackers.sam2 import acl_fake
-
-        acl = acl_fake.install()
-        try:
-            info = probe_acl_module(acl, device_id)
-        except Exception as exc:  # noqa: BLE001
-            return Check("acl", FAIL, f"fake pyACL (VOSTREAM_FAKE_ACL=1): {exc}", {"fake": True})
-        info.update(fake=True, device_id=device_id, cann_version=None)
-        why = "VOSTREAM_FAKE_ACL=1" if _fake_requested() else "already installed in this process"
-        return Check("acl", OK, f"fake pyACL ({why}; ONNX Runtime on CPU, no NPU): "
-                                + _acl_detail(info, None), info)
     try:
         found = loaded is not None or importlib.util.find_spec("acl") is not None
     except (ImportError, ValueError):
         found = False
     if not found:
         where = f"; CANN {cann} found ({cann_src}) but its Python path is not set" if cann else ""
-        return Check("acl", MISSING, f"pyACL ('import acl') not found{where}: {CANN_HINT}",
-                     {"fake": False, "cann_version": cann})
+        return Check(
+            "acl",
+            MISSING,
+            f"pyACL ('import acl') not found{where}: {CANN_HINT}",
+            {"fake": False, "cann_version": cann},
+        )
     try:
-        code = f"from vostream.pipeline.apps.doctor import _acl_probe_child; _acl_probe_child({int(device_id)})"
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-                              check=False)
+        code = (
+            f"from vostream.pipeline.apps.doctor import _acl_probe_child; _acl_probe_child({int(device_id)})"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired:
-        return Check("acl", FAIL, f"pyACL probe did not finish in {PROBE_TIMEOUT_S:.0f} s (driver hung? check "
-                                  "npu-smi info)", {"fake": False, "cann_version": cann})
+        return Check(
+            "acl",
+            FAIL,
+            f"pyACL probe did not finish in {PROBE_TIMEOUT_S:.0f} s (driver hung? check npu-smi info)",
+            {"fake": False, "cann_version": cann},
+        )
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
     if proc.returncode != 0 or not lines:
         why = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return Check("acl", FAIL, f"pyACL probe crashed ({why}): {tail}", {"fake": False, "cann_version": cann})
+        return Check(
+            "acl", FAIL, f"pyACL probe crashed ({why}): {tail}", {"fake": False, "cann_version": cann}
+        )
     info = json.loads(lines[-1])
-    info.update(fake=False, device_id=device_id, cann_version=cann)
+    info.setdefault("fake", False)
+    info.update(device_id=device_id, cann_version=cann)
     if "import_error" in info:
-        return Check("acl", MISSING, f"pyACL found but 'import acl' fails ({info['import_error']}): {CANN_HINT}",
-                     info)
+        return Check(
+            "acl", MISSING, f"pyACL found but 'import acl' fails ({info['import_error']}): {CANN_HINT}", info
+        )
     if "error" in info:
-        return Check("acl", FAIL, f"pyACL imports but the device probe failed: {info['error']} (is the NPU driver "
-                                  "installed? npu-smi info)", info)
+        return Check(
+            "acl",
+            FAIL,
+            f"pyACL imports but the device probe failed: {info['error']} (is the NPU driver "
+            "installed? npu-smi info)",
+            info,
+        )
+    if info["fake"]:
+        return Check(
+            "acl",
+            OK,
+            f"fake pyACL ({info.get('module')}; ONNX Runtime on CPU, no NPU): " + _acl_detail(info, None),
+            info,
+        )
     return Check("acl", OK, "pyACL: " + _acl_detail(info, cann), info)
 
 
@@ -239,30 +271,55 @@ def check_atc() -> Check:
     path = shutil.which("atc")
     cann, src = detect_cann_version()
     if path is None:
-        return Check("atc", MISSING, "atc (ONNX -> .om converter, CANN toolkit) not on PATH; 'vostream export --om' "
-                                     "still writes atc_convert.sh to run on the Ascend host", {"cann_version": cann})
-    return Check("atc", OK, f"{path}" + (f" (CANN {cann})" if cann else " (CANN version unknown: " + src + ")"),
-                 {"path": path, "cann_version": cann})
+        return Check(
+            "atc",
+            MISSING,
+            "atc (ONNX -> .om converter, CANN toolkit) not on PATH; 'vostream export --om' "
+            "still writes atc_convert.sh to run on the Ascend host",
+            {"cann_version": cann},
+        )
+    return Check(
+        "atc",
+        OK,
+        f"{path}" + (f" (CANN {cann})" if cann else " (CANN version unknown: " + src + ")"),
+        {"path": path, "cann_version": cann},
+    )
 
 
 def check_export() -> Check:
     """torch, transformers >= 5, onnx (onnxscript optional) for ``vostream export`` — from package metadata."""
-    want = {"torch": _version("torch"), "transformers": _version("transformers"), "onnx": _version("onnx"),
-            "onnxscript": _version("onnxscript")}
+    want = {
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "onnx": _version("onnx"),
+        "onnxscript": _version("onnxscript"),
+    }
     missing = [k for k in ("torch", "transformers", "onnx") if not want[k]]
     have = ", ".join(f"{k} {v}" for k, v in want.items() if v)
     if missing:
-        return Check("export", MISSING, f"{', '.join(missing)} not installed (have: {have or 'none'}): pip install "
-                                        "'vostream[export]'", want)
+        return Check(
+            "export",
+            MISSING,
+            f"{', '.join(missing)} not installed (have: {have or 'none'}): pip install 'vostream[export]'",
+            want,
+        )
     if int(str(want["transformers"]).split(".")[0]) < 5:
-        return Check("export", MISSING, f"transformers {want['transformers']} < 5: pip install -U 'transformers>=5'",
-                     want)
+        return Check(
+            "export",
+            MISSING,
+            f"transformers {want['transformers']} < 5: pip install -U 'transformers>=5'",
+            want,
+        )
     return Check("export", OK, have, want)
 
 
 def check_media() -> Check:
     """PyAV (the decoder), the ffmpeg CLI and GStreamer — presence only."""
-    data: dict[str, Any] = {"pyav": None, "ffmpeg": shutil.which("ffmpeg"), "gstreamer": shutil.which("gst-launch-1.0")}
+    data: dict[str, Any] = {
+        "pyav": None,
+        "ffmpeg": shutil.which("ffmpeg"),
+        "gstreamer": shutil.which("gst-launch-1.0"),
+    }
     try:
         import av
 
@@ -276,9 +333,11 @@ def check_media() -> Check:
         data["opencv_gstreamer"] = any("GStreamer:" in ln and "YES" in ln for ln in info.splitlines())
     except Exception:  # noqa: BLE001
         data["opencv_gstreamer"] = None
-    detail = (f"PyAV {data['pyav'] or 'missing'}; ffmpeg CLI {'at ' + data['ffmpeg'] if data['ffmpeg'] else 'absent'}"
-              f"; GStreamer {'at ' + data['gstreamer'] if data['gstreamer'] else 'absent'}"
-              f" (OpenCV GStreamer {'yes' if data['opencv_gstreamer'] else 'no'})")
+    detail = (
+        f"PyAV {data['pyav'] or 'missing'}; ffmpeg CLI {'at ' + data['ffmpeg'] if data['ffmpeg'] else 'absent'}"
+        f"; GStreamer {'at ' + data['gstreamer'] if data['gstreamer'] else 'absent'}"
+        f" (OpenCV GStreamer {'yes' if data['opencv_gstreamer'] else 'no'})"
+    )
     return Check("media", OK if data["pyav"] else MISSING, detail, data)
 
 
@@ -292,7 +351,7 @@ def _synthetic_clip(size: int, n: int = 2) -> list[Any]:
     for i in range(n):
         img = np.stack([60 + 60 * xx / size, 70 + 50 * yy / size, np.full_like(xx, 90)], -1)
         x0, y0, s = size // 3 + 2 * i, size // 3 + i, size // 3
-        img[y0:y0 + s, x0:x0 + s] = (230, 200, 40)
+        img[y0 : y0 + s, x0 : x0 + s] = (230, 200, 40)
         frames.append(img.astype(np.uint8))
     return frames
 
@@ -300,6 +359,7 @@ def _synthetic_clip(size: int, n: int = 2) -> list[Any]:
 def _run_clip(tracker: Any, frames: list[Any]) -> tuple[list[Any], float]:
     """Track object 1 (a click at the square's centre on frame 0) through ``frames``; per-frame logits, ms/frame."""
     import numpy as np
+
     from vostream.pipeline.types import Frame, Prompt
 
     m = tracker.manifest
@@ -313,7 +373,9 @@ def _run_clip(tracker: Any, frames: list[Any]) -> tuple[list[Any], float]:
         session.add_prompt(Prompt(1, 0, [[size // 3 + size // 6, size // 3 + size // 6]], [1]))
         for i, img in enumerate(frames):
             f = Frame(i, img)
-            f.tensor = np.ascontiguousarray(((img.astype(np.float32) / 255.0 - mean) / std).transpose(2, 0, 1)[None])
+            f.tensor = np.ascontiguousarray(
+                ((img.astype(np.float32) / 255.0 - mean) / std).transpose(2, 0, 1)[None]
+            )
             res = session.step(f)
             out.append(np.array(res.logits[0], np.float32))
     finally:
@@ -336,12 +398,19 @@ def _compare(a: list[Any], b: list[Any]) -> tuple[float, float]:
 
 def _memory_per_object(m: Any) -> tuple[int, int]:
     """(bank bytes, pointer bytes) per object at fp32: ``(C+N)·T·M·4`` and ``Q·D·4``."""
-    return (m.cond_slots + m.recent_slots) * m.tokens_per_slot * m.mem_dim * 4, m.pointer_slots * m.hidden_dim * 4
+    return (
+        m.cond_slots + m.recent_slots
+    ) * m.tokens_per_slot * m.mem_dim * 4, m.pointer_slots * m.hidden_dim * 4
 
 
-def check_model(model_dir: str | Path, acl_check: Check | None, device_id: int = 0, min_iou: float = 0.9,
-                onnx_factory: Callable[[Path], Any] | None = None,
-                acl_factory: Callable[[Path], Any] | None = None) -> list[Check]:
+def check_model(
+    model_dir: str | Path,
+    acl_check: Check | None,
+    device_id: int = 0,
+    min_iou: float = 0.9,
+    onnx_factory: Callable[[Path], Any] | None = None,
+    acl_factory: Callable[[Path], Any] | None = None,
+) -> list[Check]:
     """Manifest summary, one synthetic clip on ``onnx`` (CPU) and, when possible, on ``acl``; compare the masks.
 
     ``onnx_factory`` / ``acl_factory`` (tests) build the trackers; defaults: ``OnnxTracker(dir, threads=2)`` and
@@ -357,14 +426,27 @@ def check_model(model_dir: str | Path, acl_check: Check | None, device_id: int =
         return [Check("model", FAIL, str(exc))]
     bank, ptrs = _memory_per_object(m)
     om = {name: (model_dir / f"{Path(g.file).stem}.om").is_file() for name, g in m.graphs.items()}
-    data = {"family": m.family, "image_size": m.image_size, "opset": m.opset, "dtype": m.dtype,
-            "slots": {"C": m.cond_slots, "N": m.recent_slots, "Q": m.pointer_slots},
-            "bank_bytes_per_object": bank, "pointer_bytes_per_object": ptrs, "om": om,
-            "graphs": {n: g.file for n, g in m.graphs.items()}}
-    checks.append(Check("model", OK, f"{m.family} {m.image_size}px, opset {m.opset}, C/N/Q {m.cond_slots}/"
-                                     f"{m.recent_slots}/{m.pointer_slots}, per object: bank {bank / 2**20:.2f} MiB + "
-                                     f"pointers {ptrs / 2**10:.1f} KiB (fp32); .om {sum(om.values())}/{len(om)}",
-                        data))
+    data = {
+        "family": m.family,
+        "image_size": m.image_size,
+        "opset": m.opset,
+        "dtype": m.dtype,
+        "slots": {"C": m.cond_slots, "N": m.recent_slots, "Q": m.pointer_slots},
+        "bank_bytes_per_object": bank,
+        "pointer_bytes_per_object": ptrs,
+        "om": om,
+        "graphs": {n: g.file for n, g in m.graphs.items()},
+    }
+    checks.append(
+        Check(
+            "model",
+            OK,
+            f"{m.family} {m.image_size}px, opset {m.opset}, C/N/Q {m.cond_slots}/"
+            f"{m.recent_slots}/{m.pointer_slots}, per object: bank {bank / 2**20:.2f} MiB + "
+            f"pointers {ptrs / 2**10:.1f} KiB (fp32); .om {sum(om.values())}/{len(om)}",
+            data,
+        )
+    )
     frames = _synthetic_clip(m.image_size)
 
     def run(factory: Callable[[Path], Any]) -> tuple[list[Any], float]:
@@ -382,25 +464,43 @@ def check_model(model_dir: str | Path, acl_check: Check | None, device_id: int =
     try:
         ref, ms = run(onnx_factory or default_onnx)
     except Exception as exc:  # noqa: BLE001 - any failure is the model check's result
-        checks.append(Check("model.onnx", FAIL, f"{len(frames)} frames on onnx (CPU) failed: "
-                                                f"{type(exc).__name__}: {exc}"))
+        checks.append(
+            Check(
+                "model.onnx", FAIL, f"{len(frames)} frames on onnx (CPU) failed: {type(exc).__name__}: {exc}"
+            )
+        )
         return checks
-    checks.append(Check("model.onnx", OK, f"{len(frames)} frames on onnx (CPU): {ms:.1f} ms/frame, mask "
-                                          f"{int((ref[-1] > 0).sum())} px of {ref[-1].size}", {"ms_per_frame": ms}))
+    checks.append(
+        Check(
+            "model.onnx",
+            OK,
+            f"{len(frames)} frames on onnx (CPU): {ms:.1f} ms/frame, mask "
+            f"{int((ref[-1] > 0).sum())} px of {ref[-1].size}",
+            {"ms_per_frame": ms},
+        )
+    )
     if acl_check is None or acl_check.status != OK:
         checks.append(Check("model.acl", SKIP, "acl backend not usable here (see the acl line)"))
         return checks
     absent = [f"{Path(m.graphs[n].file).stem}.om" for n, ok in om.items() if not ok]
     if absent:
-        checks.append(Check("model.acl", SKIP, f"no {', '.join(absent)} in {model_dir}: convert with "
-                                               f"'bash {model_dir}/atc_convert.sh' (vostream export --om)"))
+        checks.append(
+            Check(
+                "model.acl",
+                SKIP,
+                f"no {', '.join(absent)} in {model_dir}: convert with "
+                f"'bash {model_dir}/atc_convert.sh' (vostream export --om)",
+            )
+        )
         return checks
     if acl_factory is None:
         try:
             from vostream.stages.trackers.sam2 import Sam2Tracker
             from vostream.stages.trackers.sam2.backends.acl import AclRuntime
         except Exception as exc:  # noqa: BLE001 - the acl runtime module may be absent or broken
-            checks.append(Check("model.acl", MISSING, f"acl runtime unavailable: {type(exc).__name__}: {exc}"))
+            checks.append(
+                Check("model.acl", MISSING, f"acl runtime unavailable: {type(exc).__name__}: {exc}")
+            )
             return checks
 
         def acl_factory(d: Path) -> Any:
@@ -409,14 +509,22 @@ def check_model(model_dir: str | Path, acl_check: Check | None, device_id: int =
     try:
         got, ms_acl = run(acl_factory)
     except Exception as exc:  # noqa: BLE001
-        checks.append(Check("model.acl", FAIL, f"{len(frames)} frames on acl failed: {type(exc).__name__}: {exc}"))
+        checks.append(
+            Check("model.acl", FAIL, f"{len(frames)} frames on acl failed: {type(exc).__name__}: {exc}")
+        )
         return checks
     iou, diff = _compare(ref, got)
     status = OK if iou >= min_iou else FAIL
-    checks.append(Check("model.acl", status, f"{len(frames)} frames on acl (device {device_id}): {ms_acl:.1f} "
-                                             f"ms/frame; vs onnx CPU: mask IoU {iou:.4f} (min {min_iou}), max "
-                                             f"|Δ logit| {diff:.3g}",
-                        {"iou": iou, "max_abs_diff": diff, "ms_per_frame": ms_acl, "min_iou": min_iou}))
+    checks.append(
+        Check(
+            "model.acl",
+            status,
+            f"{len(frames)} frames on acl (device {device_id}): {ms_acl:.1f} "
+            f"ms/frame; vs onnx CPU: mask IoU {iou:.4f} (min {min_iou}), max "
+            f"|Δ logit| {diff:.3g}",
+            {"iou": iou, "max_abs_diff": diff, "ms_per_frame": ms_acl, "min_iou": min_iou},
+        )
+    )
     return checks
 
 
@@ -432,31 +540,42 @@ def run_checks(model: str | Path | None = None, device_id: int = 0, min_iou: flo
 
 
 def format_table(checks: Sequence[Check]) -> str:
-    head = (f"vostream doctor: vostream {_vostream_version()}, Python {platform.python_version()}, "
-            f"{platform.system()} {platform.machine()}")
+    head = (
+        f"vostream doctor: vostream {_vostream_version()}, Python {platform.python_version()}, "
+        f"{platform.system()} {platform.machine()}"
+    )
     width = max(len(c.name) for c in checks) if checks else 8
     return "\n".join([head] + [f"  {c.name:<{width}}  {c.status:<7}  {c.detail}" for c in checks])
 
 
 def to_json(checks: Sequence[Check]) -> dict[str, Any]:
-    return {"vostream": _vostream_version(), "python": platform.python_version(),
-            "platform": f"{platform.system()} {platform.machine()}",
-            "checks": [asdict(c) for c in checks],
-            "backends": {c.name: c.status == OK for c in checks if c.name in ("classic", "onnx", "acl")}}
+    return {
+        "vostream": _vostream_version(),
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "checks": [asdict(c) for c in checks],
+        "backends": {c.name: c.status == OK for c in checks if c.name in ("classic", "onnx", "acl")},
+    }
 
 
 def model_failed(checks: Sequence[Check]) -> bool:
     return any(c.status == FAIL for c in checks if c.name == "model" or c.name.startswith("model."))
 
 
-def add_doctor_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+def add_doctor_parser(
+    sub: Any, add_common: Callable[[argparse.ArgumentParser], None]
+) -> argparse.ArgumentParser:
     """Add ``doctor`` to the ``vostream`` subcommands (``add_common`` adds --quiet/--verbose/--debug)."""
-    p = sub.add_parser("doctor", help="report which backends (classic, onnx, acl) can run here, and why not",
-                       description="Checks the classic tracker, ONNX Runtime (and its CUDA / TensorRT providers), "
-                                   "pyACL / CANN / the NPU (VOSTREAM_FAKE_ACL=1: the fake), atc, the export "
-                                   "dependencies and media tools. With --model DIR: runs two synthetic frames on "
-                                   "onnx (CPU) and, where possible, on acl, and compares the masks. Exit code 0 "
-                                   "unless a --model check fails. Reference: docs/ascend.md.")
+    p = sub.add_parser(
+        "doctor",
+        help="report which backends (classic, onnx, acl) can run here, and why not",
+        description="Checks the classic tracker, ONNX Runtime (and its CUDA / TensorRT providers), "
+        "pyACL / CANN / the NPU, atc, the export dependencies and media tools. With --model "
+        "DIR: runs two synthetic frames on onnx (CPU) and, where possible, on acl, and "
+        "compares the masks. Exit code 0 unless a --model check fails. Without an NPU, "
+        "from a source checkout, 'python tests/fake_acl.py doctor ...' runs it with the "
+        "tests' fake pyACL and fake atc. Reference: docs/ascend.md (sections 8, 9).",
+    )
     _add_doctor_arguments(p)
     add_common(p)
     return p
@@ -465,9 +584,16 @@ def add_doctor_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], 
 def _add_doctor_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="DIR", help="a 'vostream export' directory to load and run")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--device-id", type=int, default=0, metavar="N", help="NPU to probe and run on (default 0)")
-    p.add_argument("--min-iou", type=float, default=0.9, metavar="F",
-                   help="--model: lowest acceptable acl-vs-onnx mask IoU (default 0.9)")
+    p.add_argument(
+        "--device-id", type=int, default=0, metavar="N", help="NPU to probe and run on (default 0)"
+    )
+    p.add_argument(
+        "--min-iou",
+        type=float,
+        default=0.9,
+        metavar="F",
+        help="--model: lowest acceptable acl-vs-onnx mask IoU (default 0.9)",
+    )
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -482,13 +608,24 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m vostream.pipeline.apps.doctor`` (same options as ``vostream doctor``)."""
-    p = argparse.ArgumentParser(prog="python -m vostream.pipeline.apps.doctor", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m vostream.pipeline.apps.doctor", description=__doc__.split("\n")[0]
+    )
     _add_doctor_arguments(p)
     return cmd_doctor(p.parse_args(argv))
 
 
-__all__ = ["Check", "add_doctor_parser", "check_acl", "check_model", "cmd_doctor", "format_table",
-           "probe_acl_module", "run_checks", "to_json"]
+__all__ = [
+    "Check",
+    "add_doctor_parser",
+    "check_acl",
+    "check_model",
+    "cmd_doctor",
+    "format_table",
+    "probe_acl_module",
+    "run_checks",
+    "to_json",
+]
 
 if __name__ == "__main__":
     raise SystemExit(main())

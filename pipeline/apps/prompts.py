@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -70,10 +71,12 @@ def load_mask_png(path: str | Path) -> np.ndarray:
 
 
 def _entry_prompt(entry: Any, where: str, base: Path) -> Prompt | Any:
-    from vostream.stages.track import RemoveObject
+    from vostream.pipeline.types import RemoveObject
 
     if not isinstance(entry, dict):
-        raise PromptError(f"{where}: each prompt must be an object with 'obj' and 'frame', got {type(entry).__name__}")
+        raise PromptError(
+            f"{where}: each prompt must be an object with 'obj' and 'frame', got {type(entry).__name__}"
+        )
     unknown = set(entry) - _ENTRY_KEYS
     if unknown:
         raise PromptError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_ENTRY_KEYS)}")
@@ -89,13 +92,16 @@ def _entry_prompt(entry: Any, where: str, base: Path) -> Prompt | Any:
         return RemoveObject(obj, frame)
     points = entry.get("points", [])
     if not isinstance(points, list) or not all(
-            isinstance(p, (list, tuple)) and len(p) == 2 and all(_is_num(v) for v in p) for p in points):
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(_is_num(v) for v in p) for p in points
+    ):
         raise PromptError(f"{where}: 'points' must be a list of [x, y] number pairs")
     labels = entry.get("labels", [1] * len(points))
-    if not isinstance(labels, list) or len(labels) != len(points) or not all(l in (0, 1) for l in labels):
+    if not isinstance(labels, list) or len(labels) != len(points) or not all(lab in (0, 1) for lab in labels):
         raise PromptError(f"{where}: 'labels' must be a list of 0/1, one per point ({len(points)})")
     box = entry.get("box")
-    if box is not None and (not isinstance(box, (list, tuple)) or len(box) != 4 or not all(_is_num(v) for v in box)):
+    if box is not None and (
+        not isinstance(box, (list, tuple)) or len(box) != 4 or not all(_is_num(v) for v in box)
+    ):
         raise PromptError(f"{where}: 'box' must be [x0, y0, x1, y1]")
     mask = None
     if entry.get("mask") is not None:
@@ -133,27 +139,33 @@ def load_prompts_file(path: str | Path) -> list[Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise PromptError(f"prompts file {str(p)!r}: invalid JSON at line {exc.lineno} column {exc.colno}: "
-                          f"{exc.msg}") from None
+        raise PromptError(
+            f"prompts file {str(p)!r}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
     entries = data.get("prompts") if isinstance(data, dict) else data
     if isinstance(data, dict) and set(data) - {"prompts"}:
-        raise PromptError(f"prompts file {str(p)!r}: unknown top-level key(s) {sorted(set(data) - {'prompts'})}")
+        raise PromptError(
+            f"prompts file {str(p)!r}: unknown top-level key(s) {sorted(set(data) - {'prompts'})}"
+        )
     if not isinstance(entries, list) or not entries:
-        raise PromptError(f"prompts file {str(p)!r}: expected {{\"prompts\": [ ... ]}} with at least one entry")
+        raise PromptError(f'prompts file {str(p)!r}: expected {{"prompts": [ ... ]}} with at least one entry')
     out = [_entry_prompt(e, f"prompts file {str(p)!r}, entry {i}", p.parent) for i, e in enumerate(entries)]
     return out
 
 
-def prompts_from_dicts(entries: Sequence[dict[str, Any]], where: str = "config", base: Path = Path(".")) -> list[Any]:
+def prompts_from_dicts(
+    entries: Sequence[dict[str, Any]], where: str = "config", base: Path = Path(".")
+) -> list[Any]:
     """Same schema as the prompts file, from already-parsed data (e.g. a TOML config's ``[[prompts]]``)."""
     return [_entry_prompt(e, f"{where}, prompt {i}", base) for i, e in enumerate(entries)]
 
 
-def check_prompt_sequence(messages: Iterable[Any], width: int | None = None, height: int | None = None,
-                          source: str = "") -> None:
+def check_prompt_sequence(
+    messages: Iterable[Any], width: int | None = None, height: int | None = None, source: str = ""
+) -> None:
     """Validate a whole schedule before running: every point inside the frame, every object's first prompt
     positive (a point, box or mask), and no removal of an object that does not exist at that frame."""
-    from vostream.stages.track import RemoveObject, ResetTracker
+    from vostream.pipeline.types import RemoveObject, ResetTracker
 
     ordered = sorted(enumerate(messages), key=lambda im: (im[1].frame_index, im[0]))
     alive: set[int] = set()
@@ -165,16 +177,25 @@ def check_prompt_sequence(messages: Iterable[Any], width: int | None = None, hei
                 if not (len(msg.positive_points) or msg.box is not None or msg.mask is not None):
                     raise PromptError(
                         f"object {msg.obj_id}: its first prompt (frame {msg.frame_index}) has only negative points; "
-                        "an object must start with a positive point, a box or a mask")
+                        "an object must start with a positive point, a box or a mask"
+                    )
                 alive.add(msg.obj_id)
         elif isinstance(msg, RemoveObject):
             if msg.obj_id not in alive:
-                raise PromptError(f"cannot remove object {msg.obj_id} at frame {msg.frame_index}: unknown object id "
-                                  f"(known then: {sorted(alive) or 'none'})")
+                raise PromptError(
+                    f"cannot remove object {msg.obj_id} at frame {msg.frame_index}: unknown object id "
+                    f"(known then: {sorted(alive) or 'none'})"
+                )
             alive.discard(msg.obj_id)
         elif isinstance(msg, ResetTracker):
             alive.clear()
 
 
-__all__ = ["check_prompt_sequence", "load_mask_png", "load_prompts_file", "parse_box", "parse_xy",
-           "prompts_from_dicts"]
+__all__ = [
+    "check_prompt_sequence",
+    "load_mask_png",
+    "load_prompts_file",
+    "parse_box",
+    "parse_xy",
+    "prompts_from_dicts",
+]

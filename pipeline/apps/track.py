@@ -15,9 +15,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vostream.pipeline.apps.assemble import assemble_track
 from vostream.pipeline.apps.config import TrackSettings, tracker_options
+from vostream.pipeline.apps.live_prompts import PromptTimer, TimedPrompt, load_live_prompts
+from vostream.pipeline.apps.prompts import check_prompt_sequence, load_prompts_file
 from vostream.pipeline.engine import Pipeline, RunReport, handle_signals
 from vostream.pipeline.errors import ConfigError, OutputError, VostreamError
+from vostream.pipeline.reconnect import ReconnectPolicy
+from vostream.pipeline.types import Prompt
+from vostream.sinks import build_file_sinks
+from vostream.sinks.atomic import atomic_write_text
+from vostream.sinks.rtsp import rtsp_out_spec
+from vostream.stages.sources import VideoInfo, is_live_uri, open_source, probe
+from vostream.stages.sources.live import LiveSource, open_live
+from vostream.stages.trackers import load_tracker
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +47,14 @@ def _prepare_out_dir(out: str) -> Path:
 
 
 def collect_prompts(settings: TrackSettings) -> list[Any]:
-    from vostream.pipeline.apps.prompts import load_prompts_file
-
     prompts = list(settings.prompts)
     if settings.prompts_file:
         prompts += load_prompts_file(settings.prompts_file)
     if not prompts:
-        raise ConfigError("nothing to track: give a prompt (--point X,Y, --box X0,Y0,X1,Y1, --mask PNG) "
-                          "or a prompts file (--prompts FILE.json)")
+        raise ConfigError(
+            "nothing to track: give a prompt (--point X,Y, --box X0,Y0,X1,Y1, --mask PNG) "
+            "or a prompts file (--prompts FILE.json)"
+        )
     return prompts
 
 
@@ -63,33 +74,20 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
     ``tracker``: an already loaded :class:`Tracker` to reuse (batch workers load theirs once); by default the
     ``settings.backend`` tracker is loaded here and returned as ``facts["_tracker"]`` for the caller to close after
     the run (:func:`run_track` does; a neural backend holds graphs and device memory)."""
-    from vostream.sinks import build_file_sinks
-    from vostream.stages.sources.decode import open_source, probe
-    from vostream.stages.postprocess import PostprocessStage
-    from vostream.stages.preprocess import PreprocessStage
-    from vostream.stages.track import TrackStage
-    from vostream.stages.trackers import load_tracker
-
-    from vostream.pipeline.apps.prompts import check_prompt_sequence
-
     import cv2
-
-    from vostream.stages.sources.decode import is_live_uri
 
     assert settings.source is not None and (settings.out is not None or settings.rtsp_out is not None)
     cv2.setNumThreads(opencv_threads(settings.opencv_threads))
     live_source = None
     if is_live_uri(settings.source):  # connect now: a wrong URL fails before anything else starts
-        from vostream.stages.sources.live import open_live_for_track
-
         live_source, info, timed = open_live_for_track(settings)
     else:
         info = probe(settings.source)
     prompts = list(settings.prompts) if live_source is not None and timed else collect_prompts(settings)
     check_prompt_sequence(prompts, info.width, info.height, settings.source)
-    if live_source is not None:  # wall-clock prompts: their frame is not known yet, but they must fit the frame
-        from vostream.pipeline.types import Prompt
-
+    if (
+        live_source is not None
+    ):  # wall-clock prompts: their frame is not known yet, but they must fit the frame
         for item in timed:
             if isinstance(item.message, Prompt):
                 item.message.check_bounds(info.width, info.height, settings.source)
@@ -102,27 +100,39 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
     try:  # a failure from here on must not leak the tracker's graphs and device memory
         source = live_source or open_source(settings.source, max_frames=settings.max_frames)
         queue_size = settings.live_queue_size if live_source is not None else settings.queue_size
-        stages = [
-            PreprocessStage(tracker.input_spec, ring=queue_size + 4),
-            TrackStage(tracker, prompts),
-            PostprocessStage(fill_holes=settings.fill_holes, min_area=settings.min_area),
-        ]
-        sinks = build_file_sinks(out_dir, settings.save, fps=info.fps, source_name=Path(settings.source).name) \
-            if out_dir is not None else []
+        sinks = (
+            build_file_sinks(out_dir, settings.save, fps=info.fps, source_name=Path(settings.source).name)
+            if out_dir is not None
+            else []
+        )
         if settings.rtsp_out:
-            from vostream.sinks.rtsp import rtsp_out_spec
-
             sinks.append(rtsp_out_spec(settings, info.fps))
-        pipe = Pipeline(source, stages, sinks, policy=settings.policy, queue_size=queue_size,
-                        name=Path(settings.source).name)
+        pipe = assemble_track(
+            source,
+            tracker,
+            sinks,
+            prompts=prompts,
+            queue_size=queue_size,
+            policy=settings.policy,
+            name=Path(settings.source).name,
+            fill_holes=settings.fill_holes,
+            min_area=settings.min_area,
+        )
     except BaseException:
         if owned:
             tracker.close()
         raise
-    facts = {"source": settings.source, "width": info.width, "height": info.height, "fps": info.fps,
-             "frames_expected": info.frames, "out": None if out_dir is None else str(out_dir),
-             "backend": settings.backend, "save": list(settings.save) if out_dir is not None else [],
-             "objects": sorted({p.obj_id for p in prompts if hasattr(p, "points")})}
+    facts = {
+        "source": settings.source,
+        "width": info.width,
+        "height": info.height,
+        "fps": info.fps,
+        "frames_expected": info.frames,
+        "out": None if out_dir is None else str(out_dir),
+        "backend": settings.backend,
+        "save": list(settings.save) if out_dir is not None else [],
+        "objects": sorted({p.obj_id for p in prompts if hasattr(p, "points")}),
+    }
     for key in ("model", "provider"):
         if options.get(key) is not None:
             facts[key] = str(options[key])
@@ -135,8 +145,44 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
     return pipe, facts
 
 
+def open_live_for_track(settings: TrackSettings) -> tuple[LiveSource, VideoInfo, list[TimedPrompt]]:
+    """For ``vostream track`` on a live URI: the connected :class:`LiveSource` (from a
+    :class:`~vostream.pipeline.apps.config.TrackSettings`), its :class:`~vostream.stages.sources.file.VideoInfo` and the
+    prompts file's wall-clock prompts (its frame-index prompts are put in ``settings.prompts``).
+
+    Connects once to probe (a wrong URL fails here with :class:`SourceError`); the returned source is not yet
+    connected (the pipeline opens it)."""
+    timed: list[TimedPrompt] = []
+    if settings.prompts_file:
+        frame_prompts, timed = load_live_prompts(settings.prompts_file)
+        settings.prompts = list(settings.prompts) + frame_prompts
+        settings.prompts_file = None
+    if not settings.prompts and timed:
+        settings.prompts = []
+    policy = ReconnectPolicy(
+        initial_s=min(0.5, settings.reconnect_max_delay),
+        max_s=settings.reconnect_max_delay,
+        max_attempts=settings.reconnect_attempts,
+    )
+    options = dict(
+        transport=settings.rtsp_transport,
+        open_timeout=settings.open_timeout,
+        read_timeout=settings.read_timeout,
+        reconnect=policy,
+        max_frames=settings.max_frames,
+    )
+    # Probe with a connection of its own and close it: the pipeline's source connects when the pipeline starts,
+    # so frames buffered while the tracker loads do not arrive as a stale burst.
+    assert settings.source is not None
+    with open_live(settings.source, **options) as probe:
+        info = VideoInfo(probe.width, probe.height, probe.fps or 25.0, None, "live", 0)
+    return open_live(settings.source, **options), info, timed
+
+
 #: Signals that stop a run cleanly (outputs finalised): Ctrl-C, ``kill``, and the terminal going away.
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 
 
 class _Progress:
@@ -184,13 +230,21 @@ def _run_with_progress(pipe: Pipeline, total: int | None, quiet: bool) -> RunRep
     return report
 
 
-def write_summary(path: Path, facts: dict[str, Any], report: RunReport, error: str | None = None) -> dict[str, Any]:
+def write_summary(
+    path: Path, facts: dict[str, Any], report: RunReport, error: str | None = None
+) -> dict[str, Any]:
     """``summary.json``: the run's facts, frame count, speed, per-stage metrics and, for a failed run, the error."""
-    from vostream.sinks.atomic import atomic_write_text
-
     summary = {k: v for k, v in facts.items() if not k.startswith("_")}
-    summary.update({"frames": report.frames, "wall_s": round(report.wall_s, 3), "fps": round(report.fps, 2),
-                    "interrupted": report.interrupted, "error": error, "metrics": report.metrics.as_dict()})
+    summary.update(
+        {
+            "frames": report.frames,
+            "wall_s": round(report.wall_s, 3),
+            "fps": round(report.fps, 2),
+            "interrupted": report.interrupted,
+            "error": error,
+            "metrics": report.metrics.as_dict(),
+        }
+    )
     atomic_write_text(path, json.dumps(summary, indent=2, default=str))
     return summary
 
@@ -210,11 +264,15 @@ def run_warnings(metrics: dict[str, Any]) -> list[str]:
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    lines = [f"{summary['frames']} frames in {summary['wall_s']:.2f} s ({summary['fps']:.1f} fps)"
-             + (" — interrupted, outputs finalised" if summary["interrupted"] else "")]
+    lines = [
+        f"{summary['frames']} frames in {summary['wall_s']:.2f} s ({summary['fps']:.1f} fps)"
+        + (" — interrupted, outputs finalised" if summary["interrupted"] else "")
+    ]
     for node in summary["metrics"].get("nodes", []):
-        lines.append(f"  {node['name']:<22} {node['frames_out']:6d} frames  p50 {node['latency_ms_p50']:7.2f} ms  "
-                     f"p95 {node['latency_ms_p95']:7.2f} ms  drops {node['drops']}")
+        lines.append(
+            f"  {node['name']:<22} {node['frames_out']:6d} frames  p50 {node['latency_ms_p50']:7.2f} ms  "
+            f"p95 {node['latency_ms_p95']:7.2f} ms  drops {node['drops']}"
+        )
     lines += [f"warning: {w}" for w in run_warnings(summary["metrics"])]
     lines.append(f"outputs in {summary['out']}")
     return "\n".join(lines)
@@ -225,8 +283,6 @@ def run_track(settings: TrackSettings) -> RunReport:
     tracker = facts.pop("_tracker", None)
     timer = None
     if facts.get("timed_prompts"):  # a live feed's prompts with wall-clock triggers
-        from vostream.stages.sources.live import PromptTimer
-
         timer = PromptTimer(pipe.send_control, pipe.source, facts["timed_prompts"])  # type: ignore[arg-type]
     facts.pop("timed_prompts", None)
     try:
@@ -240,7 +296,9 @@ def run_track(settings: TrackSettings) -> RunReport:
     finally:
         if timer is not None:
             timer.close()
-        if tracker is not None:  # frees the backend's graphs and device memory (the sessions closed with the run)
+        if (
+            tracker is not None
+        ):  # frees the backend's graphs and device memory (the sessions closed with the run)
             tracker.close()
     if not facts["out"]:
         if not settings.quiet:
@@ -252,80 +310,6 @@ def run_track(settings: TrackSettings) -> RunReport:
             print(format_summary(summary), file=sys.stderr)
         except OSError:  # the terminal went away (SIGHUP); the outputs and summary.json are written
             pass
-    return report
-
-
-def default_samples_dir() -> Path:
-    """Where ``vostream demo`` keeps generated media: ``samples/media`` beside the installed ``vostream.samples``
-    package when writable (a source checkout), else ``~/.cache/vostream/samples``."""
-    import vostream.samples as samples_pkg
-
-    pkg_dir = Path(list(samples_pkg.__path__)[0])
-    if os.access(pkg_dir, os.W_OK):
-        return pkg_dir / "media"
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vostream" / "samples"
-
-
-def ensure_demo_media(scene_name: str, samples_dir: Path) -> tuple[Path, Path, Path]:
-    """Render scene ``scene_name`` into ``samples_dir`` unless already there: ``(video, prompts, gt_dir)``."""
-    from vostream.samples.scenes import render_scene, write_gt_pngs, write_scene
-    from vostream.sinks.atomic import atomic_write_text
-
-    video = samples_dir / f"{scene_name}.mp4"
-    prompts = samples_dir / f"{scene_name}.prompts.json"
-    gt_dir = samples_dir / f"{scene_name}_gt"
-    if video.exists() and prompts.exists() and gt_dir.is_dir():
-        return video, prompts, gt_dir
-    logger.info("generating sample scene %r into %s", scene_name, samples_dir)
-    scene = render_scene(scene_name)
-    tmp = video.with_name(video.stem + ".partial.mp4")
-    write_scene(scene, tmp, gt_dir=gt_dir)
-    os.replace(tmp, video)
-    entries = [{"obj": oid, "frame": 0, "points": [list(map(round, scene.click(oid)))], "labels": [1]}
-               for oid in scene.obj_ids]
-    atomic_write_text(prompts, json.dumps({"prompts": entries}, indent=1))
-    return video, prompts, gt_dir
-
-
-def score_against_gt(masks_dir: Path, gt_dir: Path) -> float | None:
-    """Mean IoU (frame 0 excluded; empty vs empty = 1) of DAVIS PNG outputs against ground-truth PNGs."""
-    import numpy as np
-    from PIL import Image
-
-    from vostream.samples.scenes import iou
-
-    scores = []
-    gts = sorted(gt_dir.glob("*.png"))
-    for gt_path in gts[1:]:
-        pred_path = masks_dir / gt_path.name
-        if not pred_path.exists():
-            return None
-        gt = np.asarray(Image.open(gt_path))
-        pred = np.asarray(Image.open(pred_path))
-        for oid in np.unique(gt[gt > 0]).tolist() or [1]:
-            scores.append(iou(pred == oid, gt == oid))
-    return float(np.mean(scores)) if scores else None
-
-
-def run_demo(out: str = "out/demo", scene: str = "crossing", samples_dir: str | None = None,
-             quiet: bool = False) -> RunReport:
-    """``vostream demo``: make the sample (once), track it from one click per object, write every output."""
-    from vostream.pipeline.apps.config import SAVE_FORMATS
-
-    media = Path(samples_dir) if samples_dir else default_samples_dir()
-    try:
-        media.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"samples directory {str(media)!r} cannot be created: {exc.strerror}") from exc
-    video, prompts, gt_dir = ensure_demo_media(scene, media)
-    settings = TrackSettings(source=str(video), out=out, save=SAVE_FORMATS, prompts_file=str(prompts), quiet=quiet)
-    report = run_track(settings)
-    if not report.interrupted:
-        score = score_against_gt(Path(out) / "masks", gt_dir)
-        if not quiet:
-            print(f"sample video: {video} (try: vostream serve {video})", file=sys.stderr)
-            if score is not None:
-                print(f"mean IoU against the scene's ground truth: {score:.3f}", file=sys.stderr)
     return report
 
 

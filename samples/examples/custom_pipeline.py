@@ -13,9 +13,9 @@ import sys
 from vostream.pipeline import Pipeline
 from vostream.pipeline.stage import Sink, SinkSpec
 from vostream.pipeline.types import Frame, Prompt
-from vostream.stages.sources.decode import open_source, probe
 from vostream.stages.postprocess import PostprocessStage
 from vostream.stages.preprocess import PreprocessStage
+from vostream.stages.sources import open_source, probe
 from vostream.stages.track import TrackStage
 from vostream.stages.trackers import load_tracker
 
@@ -26,8 +26,11 @@ class PrintSink(Sink[Frame]):
     def write(self, frame: Frame) -> None:
         result = frame.result
         assert result is not None and result.masks is not None  # postprocess ran
-        rows = [f"obj {oid}: area {int(m.sum())} box {box.astype(int).tolist()}"
-                for oid, m, box, present in zip(result.obj_ids, result.masks, result.boxes, result.present) if present]
+        rows = [
+            f"obj {oid}: area {int(m.sum())} box {box.astype(int).tolist()}"
+            for oid, m, box, present in zip(result.obj_ids, result.masks, result.boxes, result.present)
+            if present
+        ]
         print(f"frame {frame.index:4d}  " + ("; ".join(rows) or "no object visible"))
 
     def close(self) -> None:
@@ -44,11 +47,16 @@ class PrintSinkSpec(SinkSpec[Frame]):
 def main(video: str, x: float, y: float) -> None:
     info = probe(video)
     tracker = load_tracker("classic")
-    stages = [PreprocessStage(tracker.input_spec), TrackStage(tracker, [Prompt(1, 0, [[x, y]], [1])]),
-              PostprocessStage()]
+    stages = [
+        PreprocessStage(tracker.input_spec),
+        TrackStage(tracker, [Prompt(1, 0, [[x, y]], [1])]),
+        PostprocessStage(),
+    ]
     pipe = Pipeline(open_source(video), stages, [PrintSinkSpec()], name="example")
     pipe.start()
-    pipe.send_control(Prompt(2, max(1, (info.frames or 2) // 2), [[x, y]], [1]))  # applied when that frame comes
+    pipe.send_control(
+        Prompt(2, max(1, (info.frames or 2) // 2), [[x, y]], [1])
+    )  # applied when that frame comes
     report = pipe.wait()
     print(report.summary())
 

@@ -33,8 +33,11 @@ def main() -> None:
     out = Path(args.out or tempfile.mkdtemp(prefix="vostream-example-"))
     video = write_scene(scene, out / f"{scene.name}.mp4")
     prompts = [Prompt(oid, 0, [scene.click(oid)], [1]) for oid in scene.obj_ids]  # one click per object
-    report = run_track(TrackSettings(source=str(video), out=str(out / "result"), save=("png", "json"),
-                                     prompts=prompts, quiet=True))
+    report = run_track(
+        TrackSettings(
+            source=str(video), out=str(out / "result"), save=("png", "json"), prompts=prompts, quiet=True
+        )
+    )
 
     labels = [np.asarray(Image.open(out / "result" / "masks" / f"{i:05d}.png")) for i in range(report.frames)]
     score = score_sequence(labels, scene)

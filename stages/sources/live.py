@@ -20,207 +20,32 @@ thread and makes a blocked ``read`` return ``None`` within the read timeout (a b
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import math
 import os
-import random
 import re
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import av
+
 from vostream.pipeline.errors import ConfigError, SourceError
+from vostream.pipeline.reconnect import (
+    ReconnectPolicy,
+    SourceSupervisor,
+)
 from vostream.pipeline.stage import Source
 from vostream.pipeline.types import Frame
-
-from vostream.stages.sources.decode import to_rgb
+from vostream.stages.sources.file import to_rgb
 
 logger = logging.getLogger(__name__)
 
-# -- states and events -----------------------------------------------------------------------------------------
-
-CONNECTING = "connecting"
-RUNNING = "running"
-STALLED = "stalled"
-RECONNECTING = "reconnecting"
-ENDED = "ended"
-STATES = (CONNECTING, RUNNING, STALLED, RECONNECTING, ENDED)
-
-#: state → states it may move to (``ended`` is final)
-TRANSITIONS: dict[str, tuple[str, ...]] = {
-    CONNECTING: (RUNNING, RECONNECTING, ENDED),
-    RUNNING: (STALLED, RECONNECTING, ENDED),
-    STALLED: (RECONNECTING, ENDED),
-    RECONNECTING: (CONNECTING, ENDED),
-    ENDED: (),
-}
-
 TRANSPORTS = ("tcp", "udp")
-
-
-@dataclass(frozen=True)
-class StateEvent:
-    """One state change of a live source: ``state`` entered at wall-clock ``time`` (``time.time()``).
-
-    ``attempt`` is the connection attempt number (1 = the first connection); ``reason`` says why (``"end of
-    stream"``, ``"no packets for 2.0 s"``, an error text, ``"stopped"``); ``delay_s`` the backoff before the next
-    attempt when entering ``reconnecting``."""
-
-    state: str
-    time: float
-    attempt: int = 0
-    reason: str = ""
-    delay_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class ReconnectPolicy:
-    """Exponential backoff with jitter between reconnect attempts.
-
-    Attempt ``k`` (1 = the first retry after a loss) waits ``min(max_s, initial_s * factor**(k-1))`` scaled by a
-    random factor in ``[1 - jitter, 1 + jitter]``.  ``max_attempts``: failed attempts in a row before giving up
-    (``None``: never give up).  Raises :class:`ConfigError` for values out of range.
-    """
-
-    initial_s: float = 0.5
-    max_s: float = 10.0
-    factor: float = 2.0
-    jitter: float = 0.25
-    max_attempts: int | None = None
-
-    def __post_init__(self) -> None:
-        if not (self.initial_s >= 0 and math.isfinite(self.initial_s)):
-            raise ConfigError(f"reconnect: initial delay must be >= 0 s, got {self.initial_s}")
-        if not self.max_s >= self.initial_s:
-            raise ConfigError(f"reconnect: max delay {self.max_s} s must be >= the initial delay {self.initial_s} s")
-        if not self.factor >= 1.0:
-            raise ConfigError(f"reconnect: backoff factor must be >= 1, got {self.factor}")
-        if not 0.0 <= self.jitter < 1.0:
-            raise ConfigError(f"reconnect: jitter must be within [0, 1), got {self.jitter}")
-        if self.max_attempts is not None and (isinstance(self.max_attempts, bool) or self.max_attempts < 1):
-            raise ConfigError(f"reconnect: max attempts must be >= 1 or None (unlimited), got {self.max_attempts}")
-
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Seconds to wait before retry number ``attempt`` (1-based)."""
-        base = min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1))
-        if self.jitter:
-            base *= 1.0 + (rng or random).uniform(-self.jitter, self.jitter)
-        return max(0.0, base)
-
-
-class SourceSupervisor:
-    """The state machine of one live source: states, events, counters, backoff.  No I/O, no threads.
-
-    The source calls :meth:`connecting`, :meth:`connected`, :meth:`lost` and :meth:`end`; the supervisor checks
-    every transition against :data:`TRANSITIONS` (a wrong one is a bug: ``RuntimeError``), records a
-    :class:`StateEvent` (the last ``keep_events``), calls ``on_event`` listeners, and tells the source how long to
-    wait before the next attempt or that it must give up.  Thread-safe: any thread may read :meth:`snapshot`,
-    :attr:`events` and :attr:`state`.
-    """
-
-    def __init__(self, policy: ReconnectPolicy = ReconnectPolicy(), *, name: str = "live",
-                 clock: Callable[[], float] = time.time, rng: random.Random | None = None,
-                 keep_events: int = 256) -> None:
-        self.policy = policy
-        self.name = name
-        self.clock = clock
-        self.rng = rng or random.Random()
-        self._lock = threading.Lock()
-        self._events: deque[StateEvent] = deque(maxlen=keep_events)
-        self._listeners: list[Callable[[StateEvent], None]] = []
-        self.state = ""  # before the first connect
-        self.attempt = 0  # connection attempts so far
-        self.failed_in_row = 0
-        self.reconnects = 0  # successful connections after the first
-        self.disconnects = 0
-        self.stalls = 0
-        self.connected_once = False
-        self.last_loss: float | None = None  # wall clock of the last loss
-        self.last_reconnect_s: float | None = None  # loss → running again
-
-    def add_listener(self, callback: Callable[[StateEvent], None]) -> None:
-        """``callback(event)`` on every state change, from the source's thread; exceptions are logged."""
-        with self._lock:
-            self._listeners.append(callback)
-
-    @property
-    def events(self) -> list[StateEvent]:
-        with self._lock:
-            return list(self._events)
-
-    def _enter(self, state: str, reason: str = "", delay_s: float = 0.0) -> StateEvent:
-        with self._lock:
-            if self.state and state not in TRANSITIONS[self.state]:
-                raise RuntimeError(f"live source {self.name}: bad transition {self.state} -> {state}")
-            self.state = state
-            event = StateEvent(state, self.clock(), self.attempt, reason, delay_s)
-            self._events.append(event)
-            listeners = list(self._listeners)
-        level = logging.WARNING if state in (STALLED, RECONNECTING) else logging.INFO
-        logger.log(level, "%s: %s%s", self.name, state, f" ({reason})" if reason else "")
-        for callback in listeners:
-            try:
-                callback(event)
-            except Exception:  # noqa: BLE001 - a listener must not break the source
-                logger.exception("%s: state listener failed", self.name)
-        return event
-
-    def connecting(self) -> None:
-        """A connection attempt starts."""
-        self.attempt += 1
-        self._enter(CONNECTING, f"attempt {self.attempt}")
-
-    def connected(self) -> None:
-        """The attempt succeeded: frames flow."""
-        now = self.clock()
-        if self.connected_once:
-            self.reconnects += 1
-            if self.last_loss is not None:
-                self.last_reconnect_s = now - self.last_loss
-        self.connected_once = True
-        self.failed_in_row = 0
-        self._enter(RUNNING)
-
-    def lost(self, reason: str, *, stalled: bool = False, failed_attempt: bool = False) -> float | None:
-        """The feed went away (``stalled``: no packets within the read timeout) or an attempt failed.
-
-        Returns the backoff delay before the next attempt, or ``None`` when the policy says give up (the state is
-        then ``ended``)."""
-        if stalled:
-            self.stalls += 1
-            self._enter(STALLED, reason)
-        if failed_attempt:
-            self.failed_in_row += 1
-        else:
-            self.disconnects += 1
-            self.last_loss = self.clock()
-        limit = self.policy.max_attempts
-        if limit is not None and self.failed_in_row >= limit:
-            self._enter(ENDED, f"gave up after {self.failed_in_row} failed attempt(s): {reason}")
-            return None
-        delay = self.policy.delay(self.failed_in_row + 1, self.rng)
-        self._enter(RECONNECTING, reason, delay)
-        return delay
-
-    def end(self, reason: str) -> None:
-        """Final state (stopped, closed, gave up).  Idempotent."""
-        if self.state != ENDED:
-            self._enter(ENDED, reason)
-
-    def snapshot(self) -> dict[str, Any]:
-        """Counters for ``stats()``: state, attempts, reconnects, disconnects, stalls, last reconnect time."""
-        with self._lock:
-            return {"state": self.state, "attempts": self.attempt, "reconnects": self.reconnects,
-                    "disconnects": self.disconnects, "stalls": self.stalls,
-                    "last_reconnect_s": None if self.last_reconnect_s is None else round(self.last_reconnect_s, 3)}
 
 
 # -- URIs and options ------------------------------------------------------------------------------------------
@@ -245,8 +70,12 @@ def camera_path(uri: str) -> str:
     return f"/dev/video{int(uri)}" if uri.isdigit() else uri
 
 
-def v4l2_options(video_size: str | None = None, framerate: float | str | None = None,
-                 input_format: str | None = None, pixel_format: str | None = None) -> dict[str, str]:
+def v4l2_options(
+    video_size: str | None = None,
+    framerate: float | str | None = None,
+    input_format: str | None = None,
+    pixel_format: str | None = None,
+) -> dict[str, str]:
     """FFmpeg ``v4l2`` demuxer options for a camera; checked here so that a typo fails before the device opens.
 
     ``video_size`` ``"1280x720"``; ``framerate`` a positive number; ``input_format`` a compressed format such as
@@ -267,13 +96,16 @@ def v4l2_options(video_size: str | None = None, framerate: float | str | None = 
     for key, value in (("input_format", input_format), ("pixel_format", pixel_format)):
         if value is not None:
             if not re.match(r"^[a-z0-9_]+$", str(value)):
-                raise ConfigError(f"camera {key} must be an FFmpeg format name such as mjpeg or yuyv422, got {value!r}")
+                raise ConfigError(
+                    f"camera {key} must be an FFmpeg format name such as mjpeg or yuyv422, got {value!r}"
+                )
             opts[key] = str(value)
     return opts
 
 
-def open_options(kind: str, *, transport: str = "tcp", read_timeout: float = 3.0,
-                 extra: dict[str, str] | None = None) -> dict[str, str]:
+def open_options(
+    kind: str, *, transport: str = "tcp", read_timeout: float = 3.0, extra: dict[str, str] | None = None
+) -> dict[str, str]:
     """The FFmpeg options for a live feed of ``kind``: low-latency probing plus socket I/O timeouts.
 
     RTSP: ``rtsp_transport`` (tcp | udp), ``timeout`` (µs, socket I/O), ``flags=low_delay``, a small
@@ -300,10 +132,13 @@ def _one_line(err: BaseException) -> str:
 
 
 def _is_timeout(err: BaseException) -> bool:
-    return isinstance(err, (av.error.ExitError, TimeoutError)) or getattr(err, "errno", None) == errno.ETIMEDOUT
+    return (
+        isinstance(err, (av.error.ExitError, TimeoutError)) or getattr(err, "errno", None) == errno.ETIMEDOUT
+    )
 
 
 # -- the source ------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class _Connection:
@@ -339,15 +174,29 @@ class LiveSource(Source[Frame]):
     live = True
     length = None
 
-    def __init__(self, uri: str, *, transport: str = "tcp", open_timeout: float = 10.0, read_timeout: float = 3.0,
-                 reconnect: ReconnectPolicy | None = None, wait_first: bool = False, fps: float | None = None,
-                 max_frames: int | None = None, video_size: str | None = None, framerate: float | str | None = None,
-                 input_format: str | None = None, pixel_format: str | None = None,
-                 options: dict[str, str] | None = None, source_id: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        uri: str,
+        *,
+        transport: str = "tcp",
+        open_timeout: float = 10.0,
+        read_timeout: float = 3.0,
+        reconnect: ReconnectPolicy | None = None,
+        wait_first: bool = False,
+        fps: float | None = None,
+        max_frames: int | None = None,
+        video_size: str | None = None,
+        framerate: float | str | None = None,
+        input_format: str | None = None,
+        pixel_format: str | None = None,
+        options: dict[str, str] | None = None,
+        source_id: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if not (open_timeout > 0 and read_timeout > 0):
-            raise ConfigError(f"{uri}: open and read timeouts must be positive seconds, got "
-                              f"{open_timeout} / {read_timeout}")
+            raise ConfigError(
+                f"{uri}: open and read timeouts must be positive seconds, got {open_timeout} / {read_timeout}"
+            )
         if fps is not None and not fps > 0:
             raise ConfigError(f"{uri}: fps must be positive, got {fps}")
         if max_frames is not None and (isinstance(max_frames, bool) or max_frames < 0):
@@ -358,8 +207,9 @@ class LiveSource(Source[Frame]):
         if camera and self.kind != "v4l2":
             raise ConfigError(f"{uri}: camera options {sorted(camera)} only apply to /dev/videoN cameras")
         self.transport = transport
-        self.options = open_options(self.kind, transport=transport, read_timeout=read_timeout,
-                                    extra={**camera, **(options or {})})
+        self.options = open_options(
+            self.kind, transport=transport, read_timeout=read_timeout, extra={**camera, **(options or {})}
+        )
         self.open_timeout = float(open_timeout)
         self.read_timeout = float(read_timeout)
         self.wait_first = wait_first
@@ -371,7 +221,9 @@ class LiveSource(Source[Frame]):
         self.width = 0
         self.height = 0
         self.clock = clock
-        self.supervisor = SourceSupervisor(reconnect or ReconnectPolicy(), name=_redact(self.uri), clock=clock)
+        self.supervisor = SourceSupervisor(
+            reconnect or ReconnectPolicy(), name=_redact(self.uri), clock=clock
+        )
         self._stop = threading.Event()
         self._conn: _Connection | None = None
         self._first: Frame | None = None  # decoded by open(), delivered by the first read()
@@ -392,16 +244,24 @@ class LiveSource(Source[Frame]):
         """One attempt: open the container, pick the video stream.  Raises :class:`SourceError`."""
         if self.kind == "v4l2":
             if not os.path.exists(self.uri):
-                raise SourceError(f"no camera at {self.uri}: the device does not exist; check it is plugged in "
-                                  f"(ls /dev/video*)")
+                raise SourceError(
+                    f"no camera at {self.uri}: the device does not exist; check it is plugged in "
+                    f"(ls /dev/video*)"
+                )
         try:
-            container = av.open(self.uri, format="v4l2" if self.kind == "v4l2" else None, options=self.options,
-                                timeout=(self.open_timeout, self.read_timeout))
+            container = av.open(
+                self.uri,
+                format="v4l2" if self.kind == "v4l2" else None,
+                options=self.options,
+                timeout=(self.open_timeout, self.read_timeout),
+            )
         except Exception as err:  # noqa: BLE001 - every PyAV/OS failure becomes one SourceError line
             raise SourceError(self._connect_message(err)) from err
         try:
             if not container.streams.video:
-                raise SourceError(f"{self.source_id} has no video stream; check the URL points at a video feed")
+                raise SourceError(
+                    f"{self.source_id} has no video stream; check the URL points at a video feed"
+                )
             stream = container.streams.video[0]
             stream.thread_type = "SLICE"  # frame threading would add a frame of latency per thread
             rate = stream.average_rate or stream.guessed_rate
@@ -423,11 +283,15 @@ class LiveSource(Source[Frame]):
                 return f"no permission to open camera {self.uri}; add your user to the 'video' group"
             if code == errno.ENOENT:
                 return f"no camera at {self.uri}: the device does not exist; check it is plugged in (ls /dev/video*)"
-            return (f"cannot open camera {self.uri}: {what}; check it is a V4L2 capture device and that "
-                    f"video_size/framerate/input_format are modes it supports (v4l2-ctl --list-formats-ext)")
+            return (
+                f"cannot open camera {self.uri}: {what}; check it is a V4L2 capture device and that "
+                f"video_size/framerate/input_format are modes it supports (v4l2-ctl --list-formats-ext)"
+            )
         if _is_timeout(err):
-            return (f"cannot connect to {self.source_id}: no answer within {self.open_timeout:g} s; check the host, "
-                    f"port and path, and that the camera/server is up")
+            return (
+                f"cannot connect to {self.source_id}: no answer within {self.open_timeout:g} s; check the host, "
+                f"port and path, and that the camera/server is up"
+            )
         hint = "check the host, port, path and credentials"
         if self.kind == "rtsp" and self.transport == "udp":
             hint += ", or try --rtsp-transport tcp (UDP is often blocked by firewalls)"
@@ -451,8 +315,10 @@ class LiveSource(Source[Frame]):
                     raise
                 delay = self.supervisor.lost(str(err), failed_attempt=True)
                 if delay is None:
-                    raise SourceError(f"{self.source_id}: gave up after {self.supervisor.failed_in_row} failed "
-                                      f"reconnect attempt(s): {err}") from err
+                    raise SourceError(
+                        f"{self.source_id}: gave up after {self.supervisor.failed_in_row} failed "
+                        f"reconnect attempt(s): {err}"
+                    ) from err
                 if self._stop.wait(delay):
                     return False
                 continue
@@ -470,13 +336,16 @@ class LiveSource(Source[Frame]):
             try:
                 packet = next(conn.packets)
             except StopIteration:
-                raise self._lost(conn, "end of stream (the server closed the connection)", first_of_connection)
+                raise self._lost(
+                    conn, "end of stream (the server closed the connection)", first_of_connection
+                ) from None
             except Exception as err:  # noqa: BLE001 - ExitError (read timeout), OSError, FFmpegError
                 if self._stop.is_set():
                     raise _Lost("stopped") from err
                 if _is_timeout(err):
-                    raise self._lost(conn, f"no packets for {self.read_timeout:g} s", first_of_connection,
-                                     stalled=True) from err
+                    raise self._lost(
+                        conn, f"no packets for {self.read_timeout:g} s", first_of_connection, stalled=True
+                    ) from err
                 raise self._lost(conn, f"read error: {_one_line(err)}", first_of_connection) from err
             try:
                 conn.pending.extend(packet.decode())
@@ -487,7 +356,9 @@ class LiveSource(Source[Frame]):
         av_frame = conn.pending.pop(0)
         return self._make_frame(conn, av_frame)
 
-    def _lost(self, conn: _Connection, reason: str, first_of_connection: bool, stalled: bool = False) -> Exception:
+    def _lost(
+        self, conn: _Connection, reason: str, first_of_connection: bool, stalled: bool = False
+    ) -> Exception:
         if first_of_connection:
             _close_quietly(conn.container)
             return SourceError(f"{self.source_id}: connected but got no frame ({reason})")
@@ -518,9 +389,14 @@ class LiveSource(Source[Frame]):
         image = to_rgb(av_frame)
         if not self.width:
             self.height, self.width = image.shape[:2]
-        frame = Frame(index=index, image=image, pts=av_frame.pts,
-                      time_base=Fraction(av_frame.time_base) if av_frame.time_base is not None else None,
-                      capture_time=now, source_id=self.source_id)
+        frame = Frame(
+            index=index,
+            image=image,
+            pts=av_frame.pts,
+            time_base=Fraction(av_frame.time_base) if av_frame.time_base is not None else None,
+            capture_time=now,
+            source_id=self.source_id,
+        )
         self.last_index = index
         self._next_index = index + 1
         self._last_frame_time = now
@@ -604,8 +480,16 @@ class LiveSource(Source[Frame]):
         """Supervisor counters plus ``frames``, ``corrupt_frames``, ``index_skipped`` (index gaps from the
         time rule), ``blocked_s`` (time the pipeline did not ask for frames), ``fps``, ``last_index``."""
         out = self.supervisor.snapshot()
-        out.update({"frames": self._delivered, "corrupt_frames": self._corrupt, "index_skipped": self._index_skipped,
-                    "blocked_s": round(self._blocked_s, 3), "fps": round(self.fps, 3), "last_index": self.last_index})
+        out.update(
+            {
+                "frames": self._delivered,
+                "corrupt_frames": self._corrupt,
+                "index_skipped": self._index_skipped,
+                "blocked_s": round(self._blocked_s, 3),
+                "fps": round(self.fps, 3),
+                "last_index": self.last_index,
+            }
+        )
         return out
 
     def __iter__(self) -> Iterator[Frame]:
@@ -649,176 +533,12 @@ def open_live(uri: str, **options: Any) -> LiveSource:
         raise ConfigError(f"bad option for a live source ({_redact(uri)}): {err}") from err
 
 
-# -- live prompts: frame-index or wall-clock triggers ----------------------------------------------------------
-
-@dataclass(frozen=True)
-class TimedPrompt:
-    """A prompt (or removal) to send when a wall-clock trigger fires: ``after_s`` seconds after the first frame,
-    or at epoch time ``at`` (``time.time()`` seconds)."""
-
-    message: Any
-    after_s: float | None = None
-    at: float | None = None
-
-
-def load_live_prompts(path: str | os.PathLike[str]) -> tuple[list[Any], list[TimedPrompt]]:
-    """A prompts file (``docs/prompts.md``) whose entries may also carry a wall-clock trigger, ``"after_s": S``
-    (seconds after the first frame) or ``"at": EPOCH_SECONDS``, instead of ``"frame"``.
-
-    Returns ``(frame_prompts, timed_prompts)``.  Raises :class:`PromptError` (naming the file and entry)."""
-    import json
-
-    from vostream.pipeline.errors import PromptError
-    from vostream.pipeline.apps.prompts import prompts_from_dicts
-
-    p = os.fspath(path)
-    try:
-        with open(p, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise PromptError(f"prompts file {p!r}: no such file") from None
-    except (OSError, ValueError) as err:
-        raise PromptError(f"prompts file {p!r}: cannot be read as JSON ({err})") from err
-    entries = data.get("prompts") if isinstance(data, dict) else data
-    if not isinstance(entries, list):
-        raise PromptError(f"prompts file {p!r}: expected {{\"prompts\": [...]}}")
-    base = os.path.dirname(os.path.abspath(p))
-    plain: list[dict[str, Any]] = []
-    timed: list[TimedPrompt] = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not ({"after_s", "at"} & set(entry)):
-            plain.append(entry)
-            continue
-        entry = dict(entry)
-        after, at = entry.pop("after_s", None), entry.pop("at", None)
-        where = f"prompts file {p!r}, entry {i}"
-        if (after is None) == (at is None) or "frame" in entry:
-            raise PromptError(f"{where}: give one trigger: 'frame', 'after_s' or 'at'")
-        value = after if after is not None else at
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
-            raise PromptError(f"{where}: the trigger must be a number of seconds >= 0, got {value!r}")
-        for message in prompts_from_dicts([entry], where, Path(base)):
-            timed.append(TimedPrompt(message, float(after) if after is not None else None,
-                                     float(at) if at is not None else None))
-    return prompts_from_dicts(plain, f"prompts file {p!r}", Path(base)) if plain else [], timed
-
-
-class PromptTimer:
-    """Sends :class:`TimedPrompt` messages into a running pipeline when their trigger fires.
-
-    ``after_s`` counts from the source's first frame (``source.first_frame_time``, its capture time), so the time
-    spent connecting or loading the tracker does not eat into it; nothing is sent before the first frame.  ``at``
-    is an epoch time (``clock()``); one already past fires with the first frame.  Prompts due at the same time are
-    sent in trigger order (stable for equal times).  Each message's frame index is set to the next frame the source
-    will deliver (``source.last_index + 1``), so the track stage applies it to the first frame after the trigger
-    (a dropped frame: the next tracked one, counted as a late prompt).
-
-    :meth:`poll` does the work for one instant and may be driven by hand with a manual clock (tests); :meth:`start`
-    runs it on one daemon thread until every prompt is sent or :meth:`close` (idempotent; stops and joins the
-    thread).  ``send`` is called from that thread; an exception from it is logged and the prompt counted in
-    ``failed``.
-    """
-
-    def __init__(self, send: Callable[[Any], Any], source: Any, prompts: list[TimedPrompt], *,
-                 clock: Callable[[], float] = time.time, poll_s: float = 0.02) -> None:
-        self.send = send
-        self.source = source
-        self.clock = clock
-        self.poll_s = poll_s
-        self.pending = list(prompts)
-        self.sent = 0
-        self.failed = 0
-        self.started: float | None = None  # the first frame's time, once seen
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vostream-prompt-timer", daemon=True)
-
-    def start(self) -> PromptTimer:
-        self._thread.start()
-        return self
-
-    def due(self, item: TimedPrompt) -> float | None:
-        """When ``item`` fires (``clock()`` seconds), or ``None`` while ``after_s`` waits for the first frame."""
-        if item.at is not None:
-            return item.at
-        return None if self.started is None else self.started + (item.after_s or 0.0)
-
-    def poll(self, now: float | None = None) -> float | None:
-        """Send every prompt due at ``now`` (default ``clock()``); the next due time, ``None`` when none is left.
-        Before the source's first frame nothing is due (the next due time is then ``now``: poll again soon)."""
-        now = self.clock() if now is None else now
-        if self.started is None:
-            if getattr(self.source, "last_index", -1) < 0:
-                return now if self.pending else None
-            first = getattr(self.source, "first_frame_time", None)
-            self.started = float(first) if first is not None else now
-        timed = [(self.due(t), k, t) for k, t in enumerate(self.pending)]
-        ready = sorted((d, k) for d, k, _ in timed if d is not None and d <= now)
-        for _, k in ready:
-            self._fire(self.pending[k])
-        done = {k for _, k in ready}
-        self.pending = [t for k, t in enumerate(self.pending) if k not in done]
-        nxt = [self.due(t) for t in self.pending]
-        return min((d for d in nxt if d is not None), default=None)
-
-    def _fire(self, item: TimedPrompt) -> None:
-        msg = item.message
-        index = max(0, int(getattr(self.source, "last_index", -1)) + 1)
-        try:
-            msg = dataclasses.replace(msg, frame_index=index)
-        except (TypeError, ValueError):  # not a dataclass with a frame index: keep it as it is
-            logger.debug("could not re-index %r", msg)
-        try:
-            self.send(msg)
-        except Exception:  # noqa: BLE001 - a failed send (pipeline gone) must not kill the timer thread
-            self.failed += 1
-            logger.exception("could not send a timed prompt (%s)", type(msg).__name__)
-            return
-        self.sent += 1
-        logger.info("sent a timed prompt (%s) for frame %d", type(msg).__name__, index)
-
-    def _run(self) -> None:
-        while self.pending and not self._stop.is_set():
-            nxt = self.poll()
-            if nxt is None and not self.pending:
-                break
-            wait = self.poll_s if nxt is None or self.started is None else nxt - self.clock()
-            self._stop.wait(min(0.5, max(0.005, wait)))
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-
-def open_live_for_track(settings: Any) -> tuple[LiveSource, Any, list[TimedPrompt]]:
-    """For ``vostream track`` on a live URI: the connected :class:`LiveSource` (from a
-    :class:`~vostream.pipeline.apps.config.TrackSettings`), its :class:`~vostream.stages.sources.decode.VideoInfo` and the
-    prompts file's wall-clock prompts (its frame-index prompts are put in ``settings.prompts``).
-
-    Connects once to probe (a wrong URL fails here with :class:`SourceError`); the returned source is not yet
-    connected (the pipeline opens it)."""
-    from vostream.stages.sources.decode import VideoInfo
-
-    timed: list[TimedPrompt] = []
-    if settings.prompts_file:
-        frame_prompts, timed = load_live_prompts(settings.prompts_file)
-        settings.prompts = list(settings.prompts) + frame_prompts
-        settings.prompts_file = None
-    if not settings.prompts and timed:
-        settings.prompts = []
-    policy = ReconnectPolicy(initial_s=min(0.5, settings.reconnect_max_delay), max_s=settings.reconnect_max_delay,
-                             max_attempts=settings.reconnect_attempts)
-    options = dict(transport=settings.rtsp_transport, open_timeout=settings.open_timeout,
-                   read_timeout=settings.read_timeout, reconnect=policy, max_frames=settings.max_frames)
-    # Probe with a connection of its own and close it: the pipeline's source connects when the pipeline starts,
-    # so frames buffered while the tracker loads do not arrive as a stale burst.
-    with open_live(settings.source, **options) as probe:
-        info = VideoInfo(probe.width, probe.height, probe.fps or 25.0, None, "live", 0)
-    return open_live(settings.source, **options), info, timed
-
-
 __all__ = [
-    "CONNECTING", "ENDED", "RECONNECTING", "RUNNING", "STALLED", "STATES", "TRANSITIONS", "TRANSPORTS",
-    "LiveSource", "PromptTimer", "ReconnectPolicy", "TimedPrompt", "load_live_prompts", "open_live_for_track", "SourceSupervisor", "StateEvent", "camera_path", "live_kind", "open_live",
-    "open_options", "v4l2_options",
+    "TRANSPORTS",
+    "LiveSource",
+    "camera_path",
+    "live_kind",
+    "open_live",
+    "open_options",
+    "v4l2_options",
 ]

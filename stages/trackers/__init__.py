@@ -14,8 +14,8 @@ from .base import InputSpec, Tracker, TrackerSession
 BACKENDS: dict[str, str] = {
     "classic": "vostream.stages.trackers.classic:ClassicTracker",
     # SAM 2.1 / EdgeTAM / SAM 3 tracker exports (``vostream export``) on ONNX Runtime: CPU, CUDA, TensorRT
-    "onnx": "vostream.stages.trackers.sam2:OnnxTracker",
-    "acl": "vostream.stages.trackers.sam2.backends.acl:AclTracker",  # Ascend NPUs via pyACL (docs/ascend.md)
+    "onnx": "vostream.stages.trackers.sam2.tracker:OnnxTracker",
+    "acl": "vostream.stages.trackers.sam2.tracker:AclTracker",  # Ascend NPUs via pyACL (docs/ascend.md)
 }
 
 
@@ -24,8 +24,9 @@ def load_tracker(backend: str = "classic", **options: Any) -> Tracker:
     try:
         target = BACKENDS[backend]
     except KeyError:
-        raise ConfigError(f"unknown tracker backend {backend!r}; choose one of: {', '.join(sorted(BACKENDS))}") \
-            from None
+        raise ConfigError(
+            f"unknown tracker backend {backend!r}; choose one of: {', '.join(sorted(BACKENDS))}"
+        ) from None
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -46,12 +47,17 @@ def _check_options(backend: str, factory: Any, options: dict[str, Any]) -> None:
         return
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
-    known = [n for n, p in params.items() if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                          inspect.Parameter.KEYWORD_ONLY)]
+    known = [
+        n
+        for n, p in params.items()
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise ConfigError(f"tracker backend {backend!r} does not take option(s) {', '.join(unknown)}; "
-                          f"it takes: {', '.join(known) or 'none'}")
+        raise ConfigError(
+            f"tracker backend {backend!r} does not take option(s) {', '.join(unknown)}; "
+            f"it takes: {', '.join(known) or 'none'}"
+        )
 
 
 __all__ = ["BACKENDS", "InputSpec", "Tracker", "TrackerSession", "load_tracker"]

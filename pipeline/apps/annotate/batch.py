@@ -19,10 +19,11 @@ import signal
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from vostream.pipeline.apps.annotate.inputs import VideoEntry
 from vostream.pipeline.apps.annotate.job import JobResult, TrackOptions, VideoJob
@@ -68,10 +69,21 @@ class AnnotateOptions:
     def track_options(self) -> TrackOptions:
         threads = self.opencv_threads
         if threads is None:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            cores = (
+                len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            )
             threads = max(1, cores // (2 * max(1, self.workers)))
-        return TrackOptions(tuple(self.formats), self.backend, self.model, dict(self.tracker), self.fill_holes,
-                            self.min_area, self.max_frames, self.queue_size, threads)
+        return TrackOptions(
+            tuple(self.formats),
+            self.backend,
+            self.model,
+            dict(self.tracker),
+            self.fill_holes,
+            self.min_area,
+            self.max_frames,
+            self.queue_size,
+            threads,
+        )
 
 
 @dataclass
@@ -128,6 +140,7 @@ class BatchReport:
 
 # -- planning ------------------------------------------------------------------------------------------------------
 
+
 def _check_options(o: AnnotateOptions) -> None:
     from vostream.pipeline.apps.config import parse_save
 
@@ -147,12 +160,11 @@ def _check_options(o: AnnotateOptions) -> None:
 def plan_batch(o: AnnotateOptions) -> BatchPlan:
     """Find the videos, load and check the prompts (every error before any work: :class:`PromptError`), and
     split the videos into done / to do / without prompts.  Creates ``--out`` (:class:`OutputError`)."""
-    from vostream.sinks.atomic import ensure_dir
-    from vostream.stages.sources.decode import probe
-
     from vostream.pipeline.apps.annotate.inputs import discover_videos
     from vostream.pipeline.apps.annotate.manifest import fingerprint, verify_manifest
     from vostream.pipeline.apps.annotate.prompts import check_batch_prompts, load_batch_prompts
+    from vostream.sinks.atomic import ensure_dir
+    from vostream.stages.sources import probe
 
     _check_options(o)
     videos = discover_videos(o.inputs)
@@ -198,6 +210,7 @@ def plan_batch(o: AnnotateOptions) -> BatchPlan:
 
 # -- locking and signals ----------------------------------------------------------------------------------------
 
+
 @contextmanager
 def _out_lock(out: Path) -> Iterator[None]:
     """Hold ``DIR/.annotate.lock`` (``flock``) for the run: two runs on one DIR would redo each other's videos."""
@@ -215,8 +228,9 @@ def _out_lock(out: Path) -> Iterator[None]:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise OutputError(f"another 'vostream annotate' is writing to {str(out)!r}; wait for it or use "
-                              f"another --out") from None
+            raise OutputError(
+                f"another 'vostream annotate' is writing to {str(out)!r}; wait for it or use another --out"
+            ) from None
         yield
     finally:
         fh.close()
@@ -232,7 +246,9 @@ class _StopState:
         self.level += 1
         name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
         if self.level == 1:
-            logger.warning("%s: finishing the videos in progress, starting no new one (again to abandon them)", name)
+            logger.warning(
+                "%s: finishing the videos in progress, starting no new one (again to abandon them)", name
+            )
         elif self.level == 2:
             logger.warning("%s: abandoning the videos in progress (they will be redone next time)", name)
 
@@ -254,6 +270,7 @@ def _signals(state: _StopState) -> Iterator[None]:
 
 # -- running -----------------------------------------------------------------------------------------------------
 
+
 def _make_executor(o: AnnotateOptions, track: TrackOptions) -> Any:
     from vostream.pipeline.apps.annotate.local_executor import InlineExecutor, LocalExecutor
 
@@ -270,8 +287,9 @@ def _make_executor(o: AnnotateOptions, track: TrackOptions) -> Any:
 
 def _result_line(r: JobResult) -> str:
     if r.status == "done":
-        return f"{r.frames} frames, {r.objects} object(s) in {r.wall_s:.1f} s ({r.fps:.1f} fps)" + \
-            (f"; {'; '.join(r.warnings)}" if r.warnings else "")
+        return f"{r.frames} frames, {r.objects} object(s) in {r.wall_s:.1f} s ({r.fps:.1f} fps)" + (
+            f"; {'; '.join(r.warnings)}" if r.warnings else ""
+        )
     return r.error or r.status
 
 
@@ -290,10 +308,15 @@ def run_annotate(o: AnnotateOptions) -> BatchReport:
         todo = deque(plan.jobs)
         reused = sum(1 for r in rows.values() if r.reused)
         if reused:
-            logger.info("%d of %d video(s) already done (manifests verified); %d to annotate",
-                        reused, len(rows), len(todo))
-        progress = BatchProgress(len(todo), sum(j.frames_expected or 0 for j in todo), max(1, o.workers),
-                                 quiet=o.quiet, tty=o.tty)
+            logger.info(
+                "%d of %d video(s) already done (manifests verified); %d to annotate",
+                reused,
+                len(rows),
+                len(todo),
+            )
+        progress = BatchProgress(
+            len(todo), sum(j.frames_expected or 0 for j in todo), max(1, o.workers), quiet=o.quiet, tty=o.tty
+        )
         executor = _make_executor(o, o.track_options()) if todo else None
         try:
             if executor is not None:
@@ -311,8 +334,14 @@ def run_annotate(o: AnnotateOptions) -> BatchReport:
     return report
 
 
-def _dispatch(o: AnnotateOptions, executor: Any, todo: deque[VideoJob], rows: dict[str, VideoStatus],
-              state: _StopState, progress: Any) -> None:
+def _dispatch(
+    o: AnnotateOptions,
+    executor: Any,
+    todo: deque[VideoJob],
+    rows: dict[str, VideoStatus],
+    state: _StopState,
+    progress: Any,
+) -> None:
     running: dict[int, VideoJob] = {}
     if hasattr(executor, "cancel_check"):  # in-process: the video itself checks for a second signal
         executor.cancel_check = lambda: state.level >= 2
@@ -343,8 +372,16 @@ def _dispatch(o: AnnotateOptions, executor: Any, todo: deque[VideoJob], rows: di
         progress.update()
 
 
-def _record(o: AnnotateOptions, job: VideoJob, slot: int, r: JobResult, rows: dict[str, VideoStatus],
-            todo: deque[VideoJob], state: _StopState, progress: Any) -> None:
+def _record(
+    o: AnnotateOptions,
+    job: VideoJob,
+    slot: int,
+    r: JobResult,
+    rows: dict[str, VideoStatus],
+    todo: deque[VideoJob],
+    state: _StopState,
+    progress: Any,
+) -> None:
     row = rows[job.key]
     if r.status == "done":
         row.status, row.frames, row.objects = "done", r.frames, r.objects
@@ -361,8 +398,15 @@ def _record(o: AnnotateOptions, job: VideoJob, slot: int, r: JobResult, rows: di
         todo.append(job)  # after the other pending videos
     else:
         row.status = "failed"
-    progress.end_video(slot, job.key, "failed", 0, job.frames_expected, not retry,
-                       f"attempt {row.attempts}: {_result_line(r)}")
+    progress.end_video(
+        slot,
+        job.key,
+        "failed",
+        0,
+        job.frames_expected,
+        not retry,
+        f"attempt {row.attempts}: {_result_line(r)}",
+    )
 
 
 def _clean_top_level(out: Path) -> None:
@@ -383,11 +427,22 @@ def write_batch_summary(out: Path, report: BatchReport, o: AnnotateOptions) -> d
         "out": report.out,
         "interrupted": report.interrupted,
         "wall_s": round(report.wall_s, 3),
-        "totals": {"videos": len(rows), **{s: report.count(s) for s in ("done", "failed", "no_prompts", "pending")},
-                   "reused": sum(1 for r in rows if r.reused), "frames": frames, "time_s": round(busy, 3),
-                   "fps": round(frames / busy, 2) if busy > 0 else 0.0},
-        "options": {"formats": list(o.formats), "backend": o.backend, "model": o.model,
-                    "workers": o.workers, "ray": o.ray, "retries": o.retries},
+        "totals": {
+            "videos": len(rows),
+            **{s: report.count(s) for s in ("done", "failed", "no_prompts", "pending")},
+            "reused": sum(1 for r in rows if r.reused),
+            "frames": frames,
+            "time_s": round(busy, 3),
+            "fps": round(frames / busy, 2) if busy > 0 else 0.0,
+        },
+        "options": {
+            "formats": list(o.formats),
+            "backend": o.backend,
+            "model": o.model,
+            "workers": o.workers,
+            "ray": o.ray,
+            "retries": o.retries,
+        },
         "videos": [asdict(r) for r in rows],
     }
     atomic_write_text(out / SUMMARY_NAME, json.dumps(doc, indent=1))
@@ -417,43 +472,87 @@ def merge_dataset(out: Path, done: list[VideoStatus]) -> dict[str, Any] | None:
                 categories.append(c)
         for a in doc.get("annotations", []):
             annotations.append({**a, "id": len(annotations) + 1, "video_id": vid, "obj_id": a.get("id")})
-    dataset = {"info": {"description": "vostream batch annotation", "format": "youtube-vis", "version": 1},
-               "videos": videos, "categories": categories, "annotations": annotations}
+    dataset = {
+        "info": {"description": "vostream batch annotation", "format": "youtube-vis", "version": 1},
+        "videos": videos,
+        "categories": categories,
+        "annotations": annotations,
+    }
     atomic_write_text(out / DATASET_NAME, json.dumps(dataset, separators=(",", ":")))
     return dataset
 
 
 # -- command line ------------------------------------------------------------------------------------------------
 
+
 def add_annotate_parser(sub: Any, add_common: Any) -> argparse.ArgumentParser:
     """Add ``annotate`` to the ``vostream`` subcommands (``add_common`` adds --quiet/--verbose/--debug)."""
-    a = sub.add_parser("annotate", help="annotate many videos from a prompts file (resumable, parallel, Ray)",
-                       description="Track the prompted objects through every input video; outputs per video under "
-                                   "DIR/<video-stem>/, summary.json and dataset.json at the top. Rerunning skips "
-                                   "done videos. Reference: docs/annotate.md.")
-    a.add_argument("inputs", nargs="+", metavar="INPUT",
-                   help="video files, directories (searched recursively) or list files (@FILE, *.txt)")
-    a.add_argument("--prompts", "-p", required=True, metavar="FILE",
-                   help="prompts file: JSON (per video) or CSV with header video,frame,obj_id,x,y,label")
+    a = sub.add_parser(
+        "annotate",
+        help="annotate many videos from a prompts file (resumable, parallel, Ray)",
+        description="Track the prompted objects through every input video; outputs per video under "
+        "DIR/<video-stem>/, summary.json and dataset.json at the top. Rerunning skips "
+        "done videos. Reference: docs/annotate.md.",
+    )
+    a.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="video files, directories (searched recursively) or list files (@FILE, *.txt)",
+    )
+    a.add_argument(
+        "--prompts",
+        "-p",
+        required=True,
+        metavar="FILE",
+        help="prompts file: JSON (per video) or CSV with header video,frame,obj_id,x,y,label",
+    )
     a.add_argument("--out", "-o", required=True, metavar="DIR", help="output directory")
-    a.add_argument("--formats", "--save", default="video,json,mot", metavar="FORMATS",
-                   help="comma-separated outputs per video: video, png, json, mot (default video,json,mot)")
+    a.add_argument(
+        "--formats",
+        "--save",
+        default="video,json,mot",
+        metavar="FORMATS",
+        help="comma-separated outputs per video: video, png, json, mot (default video,json,mot)",
+    )
     a.add_argument("--backend", default="classic", help="tracker backend (default classic)")
     a.add_argument("--model", metavar="DIR", help="model directory for neural backends")
-    a.add_argument("--workers", "-j", type=int, default=1, metavar="N",
-                   help="parallel workers: local processes, or Ray actors with --ray (default 1)")
-    a.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="run on Ray: connect to ADDRESS (host:port), or start a local Ray without one")
+    a.add_argument(
+        "--workers",
+        "-j",
+        type=int,
+        default=1,
+        metavar="N",
+        help="parallel workers: local processes, or Ray actors with --ray (default 1)",
+    )
+    a.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run on Ray: connect to ADDRESS (host:port), or start a local Ray without one",
+    )
     a.add_argument("--ray-gpus", type=float, default=0.0, metavar="G", help="GPUs per Ray actor (default 0)")
-    a.add_argument("--ray-resources", metavar="JSON", help='custom resources per Ray actor, e.g. \'{"NPU": 1}\'')
-    a.add_argument("--retries", type=int, default=1, metavar="R", help="extra attempts for a failing video (1)")
+    a.add_argument(
+        "--ray-resources", metavar="JSON", help="custom resources per Ray actor, e.g. '{\"NPU\": 1}'"
+    )
+    a.add_argument(
+        "--retries", type=int, default=1, metavar="R", help="extra attempts for a failing video (1)"
+    )
     a.add_argument("--force", action="store_true", help="redo every video, even those already done")
     a.add_argument("--fill-holes", action="store_true", help="fill holes in masks")
     a.add_argument("--min-area", type=int, default=0, metavar="PX", help="remove mask specks under PX pixels")
     a.add_argument("--max-frames", type=int, metavar="N", help="stop each video after N frames")
-    a.add_argument("--queue-size", type=int, default=8, metavar="N", help="capacity of every queue (default 8)")
-    a.add_argument("--opencv-threads", type=int, metavar="N",
-                   help="OpenCV threads per stage (default: cores / (2 x workers), at least 1)")
+    a.add_argument(
+        "--queue-size", type=int, default=8, metavar="N", help="capacity of every queue (default 8)"
+    )
+    a.add_argument(
+        "--opencv-threads",
+        type=int,
+        metavar="N",
+        help="OpenCV threads per stage (default: cores / (2 x workers), at least 1)",
+    )
     add_common(a)
     return a
 
@@ -468,17 +567,36 @@ def options_from_args(args: argparse.Namespace) -> AnnotateOptions:
     if args.ray_resources:
         try:
             resources = json.loads(args.ray_resources)
-            if not isinstance(resources, dict) or not all(isinstance(v, (int, float)) for v in resources.values()):
+            if not isinstance(resources, dict) or not all(
+                isinstance(v, (int, float)) for v in resources.values()
+            ):
                 raise ValueError
         except ValueError:
-            raise ConfigError(f"--ray-resources {args.ray_resources!r}: expected a JSON object of numbers, "
-                              f'e.g. \'{{"NPU": 1}}\'') from None
+            raise ConfigError(
+                f"--ray-resources {args.ray_resources!r}: expected a JSON object of numbers, "
+                f"e.g. '{{\"NPU\": 1}}'"
+            ) from None
     return AnnotateOptions(
-        inputs=inputs, prompts=args.prompts, out=args.out, formats=tuple(args.formats.split(",")),
-        backend=args.backend, model=args.model, workers=args.workers, ray=address is not None,
-        ray_address=address or None, ray_gpus=args.ray_gpus, ray_resources=resources, retries=args.retries,
-        force=args.force, fill_holes=args.fill_holes, min_area=args.min_area, max_frames=args.max_frames,
-        queue_size=args.queue_size, opencv_threads=args.opencv_threads, quiet=bool(args.quiet))
+        inputs=inputs,
+        prompts=args.prompts,
+        out=args.out,
+        formats=tuple(args.formats.split(",")),
+        backend=args.backend,
+        model=args.model,
+        workers=args.workers,
+        ray=address is not None,
+        ray_address=address or None,
+        ray_gpus=args.ray_gpus,
+        ray_resources=resources,
+        retries=args.retries,
+        force=args.force,
+        fill_holes=args.fill_holes,
+        min_area=args.min_area,
+        max_frames=args.max_frames,
+        queue_size=args.queue_size,
+        opencv_threads=args.opencv_threads,
+        quiet=bool(args.quiet),
+    )
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
@@ -491,10 +609,12 @@ def cmd_annotate(args: argparse.Namespace) -> int:
             logging.getLogger(name).setLevel(logging.INFO)
     report = run_annotate(options)
     if not options.quiet:
-        line = (f"annotate: {report.count('done')} done ({sum(1 for r in report.results.values() if r.reused)} "
-                f"already), {report.count('failed')} failed, {report.count('no_prompts')} without prompts, "
-                f"{report.count('pending')} pending in {report.wall_s:.1f} s; summary in "
-                f"{Path(report.out) / SUMMARY_NAME}")
+        line = (
+            f"annotate: {report.count('done')} done ({sum(1 for r in report.results.values() if r.reused)} "
+            f"already), {report.count('failed')} failed, {report.count('no_prompts')} without prompts, "
+            f"{report.count('pending')} pending in {report.wall_s:.1f} s; summary in "
+            f"{Path(report.out) / SUMMARY_NAME}"
+        )
         try:
             print(line, file=sys.stderr)
         except OSError:
@@ -502,5 +622,15 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-__all__ = ["AnnotateOptions", "BatchPlan", "BatchReport", "VideoStatus", "add_annotate_parser", "cmd_annotate",
-           "merge_dataset", "plan_batch", "run_annotate", "write_batch_summary"]
+__all__ = [
+    "AnnotateOptions",
+    "BatchPlan",
+    "BatchReport",
+    "VideoStatus",
+    "add_annotate_parser",
+    "cmd_annotate",
+    "merge_dataset",
+    "plan_batch",
+    "run_annotate",
+    "write_batch_summary",
+]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from vostream.pipeline.errors import ConfigError
 
@@ -94,8 +94,10 @@ def discover_videos(inputs: Sequence[str]) -> list[VideoEntry]:
         seen.add(real)
         entries.append(VideoEntry(str(Path(path).resolve()), key))
     if not entries:
-        raise ConfigError(f"no videos found in {', '.join(map(str, inputs))}; give video files, directories "
-                          f"holding {', '.join(VIDEO_EXTENSIONS)} files, or a list file")
+        raise ConfigError(
+            f"no videos found in {', '.join(map(str, inputs))}; give video files, directories "
+            f"holding {', '.join(VIDEO_EXTENSIONS)} files, or a list file"
+        )
     return assign_names(entries)
 
 
@@ -139,4 +141,11 @@ def match_video(name: str, entries: Sequence[VideoEntry]) -> VideoEntry | None |
     return by_name or None
 
 
-__all__ = ["LIST_EXTENSIONS", "VIDEO_EXTENSIONS", "VideoEntry", "assign_names", "discover_videos", "match_video"]
+__all__ = [
+    "LIST_EXTENSIONS",
+    "VIDEO_EXTENSIONS",
+    "VideoEntry",
+    "assign_names",
+    "discover_videos",
+    "match_video",
+]

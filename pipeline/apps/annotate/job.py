@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from vostream.pipeline.errors import VostreamError, describe
 from vostream.pipeline.apps.track import run_warnings
+from vostream.pipeline.errors import VostreamError, describe
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +41,15 @@ class TrackOptions:
 
     def output_settings(self) -> dict[str, Any]:
         """What determines the outputs (part of each video's fingerprint)."""
-        return {"formats": sorted(self.formats), "backend": self.backend, "model": self.model,
-                "tracker": self.tracker, "fill_holes": self.fill_holes, "min_area": self.min_area,
-                "max_frames": self.max_frames}
+        return {
+            "formats": sorted(self.formats),
+            "backend": self.backend,
+            "model": self.model,
+            "tracker": self.tracker,
+            "fill_holes": self.fill_holes,
+            "min_area": self.min_area,
+            "max_frames": self.max_frames,
+        }
 
 
 @dataclass
@@ -110,10 +117,21 @@ class JobRunner:
         try:
             clean_outputs(job.out_dir)
             settings = TrackSettings(
-                source=job.source, out=job.out_dir, save=o.formats, backend=o.backend, model=o.model,
-                prompts=list(job.prompts), queue_size=o.queue_size, policy="block", fill_holes=o.fill_holes,
-                min_area=o.min_area, max_frames=o.max_frames, tracker=dict(o.tracker), quiet=True,
-                opencv_threads=o.opencv_threads)
+                source=job.source,
+                out=job.out_dir,
+                save=o.formats,
+                backend=o.backend,
+                model=o.model,
+                prompts=list(job.prompts),
+                queue_size=o.queue_size,
+                policy="block",
+                fill_holes=o.fill_holes,
+                min_area=o.min_area,
+                max_frames=o.max_frames,
+                tracker=dict(o.tracker),
+                quiet=True,
+                opencv_threads=o.opencv_threads,
+            )
             pipe, facts = build_track_pipeline(settings, tracker=self.tracker)
             pipe.start()
             cancelled = False
@@ -131,11 +149,22 @@ class JobRunner:
             if progress is not None:
                 progress(report.frames)
             wall = time.monotonic() - start
-            result = JobResult(job.key, "done", report.frames, len(facts["objects"]), round(wall, 3),
-                               round(report.frames / wall, 2) if wall > 0 else 0.0, None, run_warnings(report.metrics.as_dict()),
-                               self.worker)
-            stats = {k: v for k, v in result.to_dict().items() if k in ("frames", "objects", "wall_s", "fps",
-                                                                         "warnings")}
+            result = JobResult(
+                job.key,
+                "done",
+                report.frames,
+                len(facts["objects"]),
+                round(wall, 3),
+                round(report.frames / wall, 2) if wall > 0 else 0.0,
+                None,
+                run_warnings(report.metrics.as_dict()),
+                self.worker,
+            )
+            stats = {
+                k: v
+                for k, v in result.to_dict().items()
+                if k in ("frames", "objects", "wall_s", "fps", "warnings")
+            }
             write_manifest(job.out_dir, job.key, job.fingerprint, stats)
             return result
         except Exception as exc:  # noqa: BLE001 - one video's failure is reported, never raised
@@ -145,8 +174,13 @@ class JobRunner:
                 clean_outputs(job.out_dir)
             except VostreamError as clean_exc:
                 message += f" (and {clean_exc})"
-            return JobResult(job.key, "failed", error=message, wall_s=round(time.monotonic() - start, 3),
-                             worker=self.worker)
+            return JobResult(
+                job.key,
+                "failed",
+                error=message,
+                wall_s=round(time.monotonic() - start, 3),
+                worker=self.worker,
+            )
 
 
 __all__ = ["JobResult", "JobRunner", "ProgressFn", "TrackOptions", "VideoJob"]

@@ -49,8 +49,9 @@ def _die_with_parent() -> None:
         pass
 
 
-def _worker_main(slot: int, gen: int, options: TrackOptions, tasks: Any, events: Any, parent_pid: int,
-                 log_level: int) -> None:
+def _worker_main(
+    slot: int, gen: int, options: TrackOptions, tasks: Any, events: Any, parent_pid: int, log_level: int
+) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
@@ -82,7 +83,7 @@ def _worker_loop(runner: JobRunner, slot: int, gen: int, tasks: Any, events: Any
         events.put(("start", slot, gen, job.key, 0, None, None))
         last = [0.0]
 
-        def progress(frames: int) -> bool:
+        def progress(frames: int, last: list[float] = last, job: VideoJob = job) -> bool:
             if os.getppid() != parent_pid:
                 return False
             now = time.monotonic()
@@ -122,9 +123,12 @@ class LocalExecutor:
     def _spawn(self, slot: int) -> None:
         self._gen += 1
         tasks = self._ctx.Queue()
-        proc = self._ctx.Process(target=_worker_main, name=f"vostream-annotate-{slot}", daemon=True,
-                                 args=(slot, self._gen, self.options, tasks, self._events, os.getpid(),
-                                       self.log_level))
+        proc = self._ctx.Process(
+            target=_worker_main,
+            name=f"vostream-annotate-{slot}",
+            daemon=True,
+            args=(slot, self._gen, self.options, tasks, self._events, os.getpid(), self.log_level),
+        )
         proc.start()
         self._workers[slot] = _Worker(slot, self._gen, proc, tasks)
 
@@ -176,13 +180,29 @@ class LocalExecutor:
                 continue
             code = w.proc.exitcode
             if w.job is not None:
-                out.append(Event("result", slot, w.job.key, 0, JobResult(
-                    w.job.key, "failed", error=f"worker {slot} died (exit code {code}) while annotating this video",
-                    worker=f"worker {slot}")))
+                out.append(
+                    Event(
+                        "result",
+                        slot,
+                        w.job.key,
+                        0,
+                        JobResult(
+                            w.job.key,
+                            "failed",
+                            error=f"worker {slot} died (exit code {code}) while annotating this video",
+                            worker=f"worker {slot}",
+                        ),
+                    )
+                )
                 logger.warning("worker %d died (exit code %s); starting a new one", slot, code)
             elif not w.ready:
-                out.append(Event("fatal", slot, error=f"worker {slot} exited (code {code}) before its tracker "
-                                                      f"was loaded"))
+                out.append(
+                    Event(
+                        "fatal",
+                        slot,
+                        error=f"worker {slot} exited (code {code}) before its tracker was loaded",
+                    )
+                )
                 continue
             self._spawn(slot)
         return out

@@ -13,8 +13,9 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,12 +38,19 @@ def _canonical_prompt(msg: Any) -> dict[str, Any]:
         if msg.mask is not None:
             m = np.ascontiguousarray(msg.mask, dtype=bool)
             mask = hashlib.sha256(repr(m.shape).encode() + np.packbits(m).tobytes()).hexdigest()
-        return {"obj": int(msg.obj_id), "frame": int(msg.frame_index),
-                "points": [[float(x), float(y)] for x, y in msg.points.tolist()],
-                "labels": [int(v) for v in msg.labels.tolist()],
-                "box": list(msg.box) if msg.box is not None else None, "mask": mask}
-    return {"control": type(msg).__name__, "obj": getattr(msg, "obj_id", None),
-            "frame": int(getattr(msg, "frame_index", 0))}
+        return {
+            "obj": int(msg.obj_id),
+            "frame": int(msg.frame_index),
+            "points": [[float(x), float(y)] for x, y in msg.points.tolist()],
+            "labels": [int(v) for v in msg.labels.tolist()],
+            "box": list(msg.box) if msg.box is not None else None,
+            "mask": mask,
+        }
+    return {
+        "control": type(msg).__name__,
+        "obj": getattr(msg, "obj_id", None),
+        "frame": int(getattr(msg, "frame_index", 0)),
+    }
 
 
 def fingerprint(key: str, source: str, prompts: Sequence[Any], settings: dict[str, Any]) -> str:
@@ -51,8 +59,13 @@ def fingerprint(key: str, source: str, prompts: Sequence[Any], settings: dict[st
         size = os.path.getsize(source)
     except OSError:
         size = -1
-    doc = {"version": MANIFEST_VERSION, "video": key, "source_size": size,
-           "prompts": [_canonical_prompt(p) for p in prompts], "settings": settings}
+    doc = {
+        "version": MANIFEST_VERSION,
+        "video": key,
+        "source_size": size,
+        "prompts": [_canonical_prompt(p) for p in prompts],
+        "settings": settings,
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -70,11 +83,15 @@ def output_files(video_dir: str | os.PathLike[str]) -> list[str]:
     out = [name for name in OUTPUT_FILES if (d / name).is_file()]
     for sub in OUTPUT_DIRS:
         if (d / sub).is_dir():
-            out += [f"{sub}/{p.name}" for p in (d / sub).iterdir() if p.is_file() and not p.name.endswith(".tmp")]
+            out += [
+                f"{sub}/{p.name}" for p in (d / sub).iterdir() if p.is_file() and not p.name.endswith(".tmp")
+            ]
     return sorted(out)
 
 
-def write_manifest(video_dir: str | os.PathLike[str], key: str, fp: str, stats: dict[str, Any]) -> dict[str, Any]:
+def write_manifest(
+    video_dir: str | os.PathLike[str], key: str, fp: str, stats: dict[str, Any]
+) -> dict[str, Any]:
     """Checksum every output in ``video_dir`` and write ``manifest.json`` atomically (last).  Raises
     :class:`OutputError` when nothing was written or the manifest cannot be written."""
     from vostream.sinks.atomic import atomic_write_text
@@ -83,8 +100,13 @@ def write_manifest(video_dir: str | os.PathLike[str], key: str, fp: str, stats: 
     files = output_files(d)
     if not files:
         raise OutputError(f"{d}: the run wrote no output files; nothing to record")
-    manifest = {"version": MANIFEST_VERSION, "video": key, "fingerprint": fp,
-                "files": {name: sha256_file(d / name) for name in files}, "stats": stats}
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "video": key,
+        "fingerprint": fp,
+        "files": {name: sha256_file(d / name) for name in files},
+        "stats": stats,
+    }
     atomic_write_text(d / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 
@@ -142,5 +164,15 @@ def clean_outputs(video_dir: str | os.PathLike[str]) -> None:
         raise OutputError(f"cannot remove stale outputs in {str(d)!r}: {exc}; check permissions") from exc
 
 
-__all__ = ["MANIFEST_NAME", "OUTPUT_DIRS", "OUTPUT_FILES", "clean_outputs", "fingerprint", "output_files",
-           "read_manifest", "sha256_file", "verify_manifest", "write_manifest"]
+__all__ = [
+    "MANIFEST_NAME",
+    "OUTPUT_DIRS",
+    "OUTPUT_FILES",
+    "clean_outputs",
+    "fingerprint",
+    "output_files",
+    "read_manifest",
+    "sha256_file",
+    "verify_manifest",
+    "write_manifest",
+]

@@ -55,11 +55,25 @@ class BatchProgress:
             try:
                 from tqdm import tqdm
 
-                self._bar = tqdm(total=self.frames or None, unit="frame", desc="annotate", dynamic_ncols=True,
-                                 position=0, leave=True)
+                self._bar = tqdm(
+                    total=self.frames or None,
+                    unit="frame",
+                    desc="annotate",
+                    dynamic_ncols=True,
+                    position=0,
+                    leave=True,
+                )
                 for i in range(self.slots):
-                    self._slots[i] = _SlotState(bar=tqdm(total=None, unit="frame", desc=f"  worker {i}",
-                                                         dynamic_ncols=True, position=i + 1, leave=False))
+                    self._slots[i] = _SlotState(
+                        bar=tqdm(
+                            total=None,
+                            unit="frame",
+                            desc=f"  worker {i}",
+                            dynamic_ncols=True,
+                            position=i + 1,
+                            leave=False,
+                        )
+                    )
             except OSError:
                 self._bar = None
         self._postfix()
@@ -68,8 +82,12 @@ class BatchProgress:
     def start_video(self, slot: int, key: str, expected: int | None) -> None:
         st = self._slots.setdefault(slot, _SlotState())
         st.key, st.frames, st.expected = key, 0, expected
-        self._guard(lambda: st.bar is not None and (st.bar.reset(total=expected),
-                                                   st.bar.set_description(f"  worker {slot}: {key}")))
+        self._guard(
+            lambda: (
+                st.bar is not None
+                and (st.bar.reset(total=expected), st.bar.set_description(f"  worker {slot}: {key}"))
+            )
+        )
         self.update()
 
     def video_frames(self, slot: int, frames: int) -> None:
@@ -78,13 +96,24 @@ class BatchProgress:
         self._guard(lambda: st.bar is not None and st.bar.update(frames - st.bar.n))
         self.update()
 
-    def end_video(self, slot: int, key: str, status: str, frames: int, expected: int | None,
-                  final: bool, detail: str = "") -> None:
+    def end_video(
+        self,
+        slot: int,
+        key: str,
+        status: str,
+        frames: int,
+        expected: int | None,
+        final: bool,
+        detail: str = "",
+    ) -> None:
         """A video attempt ended; ``final`` when no retry follows."""
         st = self._slots.setdefault(slot, _SlotState())
         st.key, st.frames = None, 0
-        self._guard(lambda: st.bar is not None and (st.bar.reset(total=None),
-                                                   st.bar.set_description(f"  worker {slot}")))
+        self._guard(
+            lambda: (
+                st.bar is not None and (st.bar.reset(total=None), st.bar.set_description(f"  worker {slot}"))
+            )
+        )
         if status == "done":
             self.done_videos += 1
             self.done_frames += frames
@@ -110,8 +139,11 @@ class BatchProgress:
         def apply() -> None:
             if self._bar is not None:
                 self._bar.total = self.frames or None
-                self._bar.set_postfix_str(f"videos {self.done_videos}/{self.videos}"
-                                          + (f", {self.failed_videos} failed" if self.failed_videos else ""))
+                self._bar.set_postfix_str(
+                    f"videos {self.done_videos}/{self.videos}"
+                    + (f", {self.failed_videos} failed" if self.failed_videos else "")
+                )
+
         self._guard(apply)
 
     def update(self) -> None:
@@ -131,8 +163,10 @@ class BatchProgress:
         n = self.frames_now
         fps = n / elapsed
         eta = f", ETA {_fmt_eta((self.frames - n) / fps)}" if self.frames and fps > 0 and n else ""
-        return (f"{self.done_videos}/{self.videos} videos, {n}/{self.frames or '?'} frames, {fps:.1f} fps{eta}, "
-                f"{self.failed_videos} failed")
+        return (
+            f"{self.done_videos}/{self.videos} videos, {n}/{self.frames or '?'} frames, {fps:.1f} fps{eta}, "
+            f"{self.failed_videos} failed"
+        )
 
     def _write(self, text: str, level: int = logging.INFO) -> None:
         if self.quiet:
@@ -140,8 +174,9 @@ class BatchProgress:
         if self._bar is not None:
             from tqdm import tqdm
 
-            self._guard(lambda: tqdm.write(("warning: " if level >= logging.WARNING else "") + text,
-                                           file=sys.stderr))
+            self._guard(
+                lambda: tqdm.write(("warning: " if level >= logging.WARNING else "") + text, file=sys.stderr)
+            )
         else:
             logger.log(level, "%s", text)
 
@@ -162,6 +197,7 @@ class BatchProgress:
             if self._bar is not None:
                 self._bar.update(self.frames_now - self._bar.n)
                 self._bar.close()
+
         self._guard(shut)
 
 

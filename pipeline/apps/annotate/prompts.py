@@ -11,15 +11,16 @@ import io
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from vostream.pipeline.apps.annotate.inputs import VideoEntry, match_video
-from vostream.pipeline.errors import PromptError
 from vostream.pipeline.apps.prompts import read_prompts_text
+from vostream.pipeline.errors import PromptError
 from vostream.pipeline.types import Prompt
 
 logger = logging.getLogger(__name__)
@@ -52,11 +53,15 @@ def _resolve(name: Any, entries: Sequence[VideoEntry], where: str) -> VideoEntry
         raise PromptError(f"{where}: 'video' must be a non-empty path string, got {name!r}")
     found = match_video(name.strip(), entries)
     if found is None:
-        raise PromptError(f"{where}: video {name!r} is not among the {len(entries)} input video(s); name it by its "
-                          f"path relative to the input directory or by its file name")
+        raise PromptError(
+            f"{where}: video {name!r} is not among the {len(entries)} input video(s); name it by its "
+            f"path relative to the input directory or by its file name"
+        )
     if isinstance(found, list):
-        raise PromptError(f"{where}: video {name!r} matches several inputs ({', '.join(e.key for e in found)}); "
-                          f"use the path relative to the input directory")
+        raise PromptError(
+            f"{where}: video {name!r} matches several inputs ({', '.join(e.key for e in found)}); "
+            f"use the path relative to the input directory"
+        )
     return found
 
 
@@ -67,10 +72,14 @@ def _parse_json(p: Path, text: str, entries: Sequence[VideoEntry]) -> dict[str, 
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise PromptError(f"{name}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        raise PromptError(
+            f"{name}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("videos"), list) or set(data) - {"videos"}:
-        raise PromptError(f'{name}: expected {{"videos": [{{"video": PATH, "prompts": [...]}}, ...]}} '
-                          f"(docs/annotate.md); for a spreadsheet use a .csv file")
+        raise PromptError(
+            f'{name}: expected {{"videos": [{{"video": PATH, "prompts": [...]}}, ...]}} '
+            f"(docs/annotate.md); for a spreadsheet use a .csv file"
+        )
     out: dict[str, VideoPrompts] = {}
     for i, item in enumerate(data["videos"]):
         where = f"{name}, videos[{i}]"
@@ -82,10 +91,14 @@ def _parse_json(p: Path, text: str, entries: Sequence[VideoEntry]) -> dict[str, 
         entry = _resolve(item.get("video"), entries, where)
         where = f"{where} ({item['video']!r})"
         if entry.key in out:
-            raise PromptError(f"{where}: video {entry.key!r} appears twice; give all its prompts in one entry")
+            raise PromptError(
+                f"{where}: video {entry.key!r} appears twice; give all its prompts in one entry"
+            )
         items = item.get("prompts")
         if not isinstance(items, list) or not items:
-            raise PromptError(f"{where}: 'prompts' must be a non-empty list of prompt entries (docs/prompts.md)")
+            raise PromptError(
+                f"{where}: 'prompts' must be a non-empty list of prompt entries (docs/prompts.md)"
+            )
         prompts = prompts_from_dicts(items, where, p.parent)
         out[entry.key] = VideoPrompts(entry, prompts, [f"{where}, prompt {j}" for j in range(len(prompts))])
     return out
@@ -113,8 +126,9 @@ def _parse_csv(p: Path, text: str, entries: Sequence[VideoEntry]) -> dict[str, V
         cols = [h.strip().lower() for h in header]
         missing = [c for c in CSV_COLUMNS if c not in cols]
         if missing:
-            raise PromptError(f"{name}, line 1: CSV header lacks column(s) {missing}; "
-                              f"expected {','.join(CSV_COLUMNS)}")
+            raise PromptError(
+                f"{name}, line 1: CSV header lacks column(s) {missing}; expected {','.join(CSV_COLUMNS)}"
+            )
         index = {c: cols.index(c) for c in CSV_COLUMNS}
         groups: dict[tuple[str, int, int], list[tuple[float, float, int, int]]] = {}
         by_key: dict[str, VideoEntry] = {}
@@ -143,8 +157,12 @@ def _parse_csv(p: Path, text: str, entries: Sequence[VideoEntry]) -> dict[str, V
         vp = out.setdefault(key, VideoPrompts(by_key[key]))
         where = f"{name}, line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))}"
         try:
-            prompt = Prompt(obj, frame, np.asarray([(x, y) for x, y, _, _ in pts], np.float32),
-                            [lab for _, _, lab, _ in pts])
+            prompt = Prompt(
+                obj,
+                frame,
+                np.asarray([(x, y) for x, y, _, _ in pts], np.float32),
+                [lab for _, _, lab, _ in pts],
+            )
         except PromptError as exc:
             raise PromptError(f"{where}: {exc}") from None
         vp.prompts.append(prompt)
@@ -153,8 +171,9 @@ def _parse_csv(p: Path, text: str, entries: Sequence[VideoEntry]) -> dict[str, V
     return out
 
 
-def check_batch_prompts(path: str | Path, batch: dict[str, VideoPrompts],
-                        sizes: dict[str, tuple[int, int] | None]) -> None:
+def check_batch_prompts(
+    path: str | Path, batch: dict[str, VideoPrompts], sizes: dict[str, tuple[int, int] | None]
+) -> None:
     """Check every video's prompts against its frame size (``sizes[key] = (w, h)``; ``None``: not probed, bounds
     skipped) and the prompt-sequence rules.  Raises :class:`PromptError` naming the entry or line."""
     from vostream.pipeline.apps.prompts import check_prompt_sequence
@@ -166,8 +185,10 @@ def check_batch_prompts(path: str | Path, batch: dict[str, VideoPrompts],
             w, h = size
             for x, y, line in vp.points:
                 if not (0 <= x < w and 0 <= y < h):
-                    raise PromptError(f"{name}, line {line}: point ({x:g}, {y:g}) is outside video {key!r} "
-                                      f"({w}x{h}: x 0..{w - 1}, y 0..{h - 1})")
+                    raise PromptError(
+                        f"{name}, line {line}: point ({x:g}, {y:g}) is outside video {key!r} "
+                        f"({w}x{h}: x 0..{w - 1}, y 0..{h - 1})"
+                    )
             for prompt, where in zip(vp.prompts, vp.where):
                 if isinstance(prompt, Prompt):
                     try:

@@ -26,17 +26,23 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise ConfigError("--ray needs Ray, which is not installed: pip install 'vostream[ray]' "
-                          "(or pip install ray)") from exc
+        raise ConfigError(
+            "--ray needs Ray, which is not installed: pip install 'vostream[ray]' (or pip install ray)"
+        ) from exc
     return ray
 
 
 def start_local_ray(num_cpus: int, num_gpus: float | None = None) -> Any:
     """Start a local Ray bound to 127.0.0.1 (no dashboard, small object store); returns the ``ray`` module."""
     ray = import_ray()
-    kwargs: dict[str, Any] = dict(num_cpus=max(1, num_cpus), include_dashboard=False, log_to_driver=False,
-                                  _node_ip_address="127.0.0.1", object_store_memory=200 * 1024 * 1024,
-                                  configure_logging=False)
+    kwargs: dict[str, Any] = dict(
+        num_cpus=max(1, num_cpus),
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+        object_store_memory=200 * 1024 * 1024,
+        configure_logging=False,
+    )
     if num_gpus is not None:
         kwargs["num_gpus"] = num_gpus
     try:
@@ -93,8 +99,14 @@ class RayExecutor:
     """``slots`` Ray actors.  ``address=None`` starts a local Ray (shut down in :meth:`close`); when Ray is already
     initialised in this process, that session is used and left running."""
 
-    def __init__(self, options: TrackOptions, slots: int, address: str | None = None, num_gpus: float = 0.0,
-                 resources: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        options: TrackOptions,
+        slots: int,
+        address: str | None = None,
+        num_gpus: float = 0.0,
+        resources: dict[str, float] | None = None,
+    ) -> None:
         self.options = options
         self.slots = slots
         self.address = address
@@ -115,13 +127,16 @@ class RayExecutor:
                 try:
                     ray.init(address=self.address, log_to_driver=False, configure_logging=False)
                 except Exception as exc:  # noqa: BLE001
-                    raise BackendError(f"cannot connect to the Ray cluster at {self.address!r}: "
-                                       f"{type(exc).__name__}: {exc}; check the address (host:port of the head "
-                                       f"node's GCS) and that the cluster runs") from exc
+                    raise BackendError(
+                        f"cannot connect to the Ray cluster at {self.address!r}: "
+                        f"{type(exc).__name__}: {exc}; check the address (host:port of the head "
+                        f"node's GCS) and that the cluster runs"
+                    ) from exc
             self._own_ray = True
         self._ray = ray
-        actor_options: dict[str, Any] = dict(num_cpus=1, num_gpus=self.num_gpus, max_concurrency=2,
-                                             max_restarts=0, max_task_retries=0)
+        actor_options: dict[str, Any] = dict(
+            num_cpus=1, num_gpus=self.num_gpus, max_concurrency=2, max_restarts=0, max_task_retries=0
+        )
         if self.resources:
             actor_options["resources"] = self.resources
         self._cls = ray.remote(AnnotateActor).options(**actor_options)
@@ -143,13 +158,16 @@ class RayExecutor:
     def poll(self, timeout: float) -> list[Event]:
         ray = self._ray
         out: list[Event] = []
-        for i, s in self._slots.items():
+        for s in self._slots.values():
             if s.job is not None and s.progress_ref is None:
                 s.progress_ref = s.actor.progress.remote()
         refs = {}
         for i, s in self._slots.items():
-            for kind, ref in (("ready", s.ready_ref if not s.ready else None), ("run", s.run_ref),
-                              ("progress", s.progress_ref)):
+            for kind, ref in (
+                ("ready", s.ready_ref if not s.ready else None),
+                ("run", s.run_ref),
+                ("progress", s.progress_ref),
+            ):
                 if ref is not None:
                     refs[ref] = (i, kind)
         if not refs:
@@ -188,9 +206,21 @@ class RayExecutor:
             return []
         events = []
         if s.job is not None:
-            events.append(Event("result", slot, s.job.key, 0, JobResult(
-                s.job.key, "failed", error=f"Ray actor {slot} failed while annotating this video: "
-                                           f"{type(exc).__name__}: {text}", worker=f"ray actor {slot}")))
+            events.append(
+                Event(
+                    "result",
+                    slot,
+                    s.job.key,
+                    0,
+                    JobResult(
+                        s.job.key,
+                        "failed",
+                        error=f"Ray actor {slot} failed while annotating this video: "
+                        f"{type(exc).__name__}: {text}",
+                        worker=f"ray actor {slot}",
+                    ),
+                )
+            )
         logger.warning("Ray actor %d failed (%s); starting a new one", slot, text)
         try:
             self._ray.kill(s.actor)

@@ -19,10 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from vostream.pipeline.errors import BackendError, ConfigError
 
-from vostream.stages.trackers.sam2.manifest import FORMAT_VERSION, MANIFEST_NAME, GraphSpec, Manifest, TensorSpec
 from vostream.pipeline.apps.export.families import Family, family_for, resize_config
+from vostream.pipeline.errors import BackendError, ConfigError
+from vostream.pipeline.version import package_version
+from vostream.stages.trackers.sam2.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    GraphSpec,
+    Manifest,
+    TensorSpec,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +43,16 @@ def _require_export_deps() -> tuple[Any, Any]:
         import torch
         import transformers
     except ImportError as exc:
-        raise ConfigError(f"vostream export needs PyTorch and transformers ({exc.name} is missing): "
-                          "pip install torch==2.13.0 && pip install 'vostream[export]'") from None
+        raise ConfigError(
+            f"vostream export needs PyTorch and transformers ({exc.name} is missing): "
+            "pip install torch==2.13.0 && pip install 'vostream[export]'"
+        ) from None
     major = int(transformers.__version__.split(".")[0])
     if major < 5:
-        raise ConfigError(f"vostream export needs transformers >= 5 (installed {transformers.__version__}): "
-                          "pip install -U 'transformers>=5'")
+        raise ConfigError(
+            f"vostream export needs transformers >= 5 (installed {transformers.__version__}): "
+            "pip install -U 'transformers>=5'"
+        )
     return torch, transformers
 
 
@@ -59,35 +70,47 @@ def _hub_file(model: str, name: str) -> Path:
         from huggingface_hub import constants, hf_hub_download
         from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
     except ImportError:
-        raise ConfigError(f"{model!r} is not a local directory, and huggingface_hub (to fetch it from the hub) "
-                          "is not installed: pip install 'vostream[export]'") from None
+        raise ConfigError(
+            f"{model!r} is not a local directory, and huggingface_hub (to fetch it from the hub) "
+            "is not installed: pip install 'vostream[export]'"
+        ) from None
     try:
         return Path(hf_hub_download(model, name, local_files_only=True))
     except Exception:  # noqa: BLE001 - not cached (or not a valid id): go online below
         pass
     if constants.HF_HUB_OFFLINE:
-        raise ConfigError(f"{model!r} is not a local directory and its {name} is not in the Hugging Face cache "
-                          "(HF_HUB_OFFLINE is set): download it on a connected machine first")
+        raise ConfigError(
+            f"{model!r} is not a local directory and its {name} is not in the Hugging Face cache "
+            "(HF_HUB_OFFLINE is set): download it on a connected machine first"
+        )
     host = urlparse(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).hostname or "huggingface.co"
     try:
         socket.getaddrinfo(host, 443)
     except OSError as exc:
-        raise ConfigError(f"{model!r} is not a local directory, and the Hugging Face hub is unreachable from "
-                          f"here ({host}: {exc.strerror or exc}); pass a directory written by save_pretrained, or "
-                          "fetch the checkpoint on a connected machine (it is then read from the cache)") from None
+        raise ConfigError(
+            f"{model!r} is not a local directory, and the Hugging Face hub is unreachable from "
+            f"here ({host}: {exc.strerror or exc}); pass a directory written by save_pretrained, or "
+            "fetch the checkpoint on a connected machine (it is then read from the cache)"
+        ) from None
     try:
         return Path(hf_hub_download(model, name))
     except GatedRepoError:
-        raise ConfigError(f"{model} is gated on the Hugging Face hub: accept its licence on "
-                          f"https://huggingface.co/{model} and log in (`hf auth login`)") from None
+        raise ConfigError(
+            f"{model} is gated on the Hugging Face hub: accept its licence on "
+            f"https://huggingface.co/{model} and log in (`hf auth login`)"
+        ) from None
     except RepositoryNotFoundError:
-        raise ConfigError(f"{model!r} is neither a local directory nor a Hugging Face hub repo "
-                          "(or it is private: log in with `hf auth login`)") from None
+        raise ConfigError(
+            f"{model!r} is neither a local directory nor a Hugging Face hub repo "
+            "(or it is private: log in with `hf auth login`)"
+        ) from None
     except EntryNotFoundError:
         raise ConfigError(f"{model}: the hub repo has no {name}") from None
     except Exception as exc:  # noqa: BLE001 - network failures of every kind
-        raise ConfigError(f"cannot fetch {name} of {model} from the Hugging Face hub: {type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise ConfigError(
+            f"cannot fetch {name} of {model} from the Hugging Face hub: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
 
 
 def _read_json(model: str, name: str, required: bool = False) -> dict[str, Any] | None:
@@ -130,7 +153,9 @@ def load_checkpoint(model: str) -> tuple[Any, Family, dict[str, Any]]:
             warnings.simplefilter("ignore")
             net = cls.from_pretrained(model, torch_dtype=torch.float32)
     except Exception as exc:
-        raise ConfigError(f"cannot load {model} as {family.model_class}: {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(
+            f"cannot load {model} as {family.model_class}: {type(exc).__name__}: {exc}"
+        ) from exc
     net.eval()
     return net, family, config_json
 
@@ -152,25 +177,44 @@ def resize_model(net: Any, family: Family, size: int) -> Any:
             with torch.no_grad():  # the backbone must actually take the new size
                 resized.get_image_features(torch.zeros(1, 3, size, size))
     except Exception as exc:
-        raise ConfigError(f"--image-size {size}: {family.model_class} cannot run at that size: "
-                          f"{type(exc).__name__}: {exc}") from exc
+        raise ConfigError(
+            f"--image-size {size}: {family.model_class} cannot run at that size: {type(exc).__name__}: {exc}"
+        ) from exc
     return resized
 
 
-def _onnx_export(torch: Any, module: Any, args: tuple[Any, ...], path: Path, inputs: list[str], outputs: list[str],
-                 opset: int, dynamic: dict[str, dict[int, str]] | None = None) -> None:
+def _onnx_export(
+    torch: Any,
+    module: Any,
+    args: tuple[Any, ...],
+    path: Path,
+    inputs: list[str],
+    outputs: list[str],
+    opset: int,
+    dynamic: dict[str, dict[int, str]] | None = None,
+) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs, opset_version=opset,
-                          dynamo=False, dynamic_axes=dynamic or None, do_constant_folding=True)
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=inputs,
+            output_names=outputs,
+            opset_version=opset,
+            dynamo=False,
+            dynamic_axes=dynamic or None,
+            do_constant_folding=True,
+        )
 
 
 def _dtype_name(t: Any) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
-def _specs(names: list[str], tensors: tuple[Any, ...], dynamic: dict[str, dict[int, str]] | None = None
-           ) -> tuple[TensorSpec, ...]:
+def _specs(
+    names: list[str], tensors: tuple[Any, ...], dynamic: dict[str, dict[int, str]] | None = None
+) -> tuple[TensorSpec, ...]:
     out = []
     for name, t in zip(names, tensors):
         shape: list[int | str] = list(t.shape)
@@ -180,9 +224,17 @@ def _specs(names: list[str], tensors: tuple[Any, ...], dynamic: dict[str, dict[i
     return tuple(out)
 
 
-def _verify(graph: str, path: Path, module: Any, feeds_list: list[tuple[Any, ...]], in_names: list[str],
-            out_names: list[str], torch: Any, rel: dict[str, float] | None = None, tol: float = TOL
-            ) -> dict[str, float]:
+def _verify(
+    graph: str,
+    path: Path,
+    module: Any,
+    feeds_list: list[tuple[Any, ...]],
+    in_names: list[str],
+    out_names: list[str],
+    torch: Any,
+    rel: dict[str, float] | None = None,
+    tol: float = TOL,
+) -> dict[str, float]:
     """Run the ONNX file with ONNX Runtime (CPU) on each feed and compare with the torch module.
 
     ``rel``: per-output relative tolerance for outputs rounded to bfloat16 in the graph, where a 1e-7 difference
@@ -204,7 +256,9 @@ def _verify(graph: str, path: Path, module: Any, feeds_list: list[tuple[Any, ...
         for name, r, g in zip(out_names, ref, got):
             r = r.numpy()
             if r.shape != g.shape:
-                raise BackendError(f"graph {graph}: output {name} has shape {g.shape} in ONNX, {r.shape} in torch")
+                raise BackendError(
+                    f"graph {graph}: output {name} has shape {g.shape} in ONNX, {r.shape} in torch"
+                )
             err = np.abs(r.astype(np.float64) - g)
             diff = float(np.max(err)) if r.size else 0.0
             bound = tol * max(1.0, float(np.max(np.abs(r))) if r.size else 0.0)
@@ -214,8 +268,10 @@ def _verify(graph: str, path: Path, module: Any, feeds_list: list[tuple[Any, ...
             else:
                 ok = diff <= bound
             if not ok:
-                raise BackendError(f"graph {graph}: max |onnx - torch| {diff:.3g} > {bound:.3g} on output {name}; "
-                                   "the export is not faithful (try another --opset)")
+                raise BackendError(
+                    f"graph {graph}: max |onnx - torch| {diff:.3g} > {bound:.3g} on output {name}; "
+                    "the export is not faithful (try another --opset)"
+                )
             worst[name] = max(worst[name], diff)
     return worst
 
@@ -244,8 +300,14 @@ def _dedupe_constants(path: Path) -> int:
     keep = []
     saved = 0
     for node in graph.node:
-        tensor = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
-                      None) if node.op_type == "Constant" and len(node.attribute) == 1 else None
+        tensor = (
+            next(
+                (a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
+                None,
+            )
+            if node.op_type == "Constant" and len(node.attribute) == 1
+            else None
+        )
         if tensor is not None and tensor.raw_data:
             key = (tensor.data_type, tuple(tensor.dims), hashlib.sha256(tensor.raw_data).hexdigest())
             first = canonical.setdefault(key, node.output[0])
@@ -256,6 +318,7 @@ def _dedupe_constants(path: Path) -> int:
         keep.append(node)
     if not rename:
         return 0
+
     def rewire(nodes: Any) -> None:  # nested graphs (If/Loop bodies) may read outer-scope constants too
         for node in nodes:
             for i, name in enumerate(node.input):
@@ -285,14 +348,28 @@ def _to_fp16(path: Path) -> None:
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
     model = onnx.load(str(path))
-    converted = convert_float_to_float16(model, keep_io_types=True,
-                                         op_block_list=list(DEFAULT_OP_BLOCK_LIST) + list(FP16_KEEP_FP32))
+    converted = convert_float_to_float16(
+        model, keep_io_types=True, op_block_list=list(DEFAULT_OP_BLOCK_LIST) + list(FP16_KEEP_FP32)
+    )
     onnx.save(converted, str(path))
 
 
-def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET, cond_slots: int | None = None,
-                 fp16: bool = False, image_size: int | None = None, overwrite: bool = False,
-                 progress: Callable[[str], None] | None = None) -> Manifest:
+def _three(values: Any) -> tuple[float, float, float]:
+    a, b, c = (float(v) for v in values)
+    return a, b, c
+
+
+def export_model(
+    model: str,
+    out_dir: str | Path,
+    *,
+    opset: int = DEFAULT_OPSET,
+    cond_slots: int | None = None,
+    fp16: bool = False,
+    image_size: int | None = None,
+    overwrite: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Manifest:
     """Export ``model`` into ``out_dir``; returns the manifest.  Raises ConfigError / BackendError.
 
     ``fp16``: graphs compute in float16 with LayerNorm, Softmax and the memory encoder's sigmoid/threshold kept in
@@ -305,7 +382,9 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         if not (out_dir / MANIFEST_NAME).is_file():
-            raise ConfigError(f"{out_dir} exists and is not a vostream export; choose an empty or new directory")
+            raise ConfigError(
+                f"{out_dir} exists and is not a vostream export; choose an empty or new directory"
+            )
         if not overwrite:
             raise ConfigError(f"{out_dir} already holds an export; pass --force to replace it")
     if opset < 17:
@@ -318,7 +397,13 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
     if image_size is not None and image_size != trained_size:
         say(f"resizing from {trained_size} to {image_size} px")
         net = resize_model(net, family, image_size)
-    from vostream.pipeline.apps.export.wrappers import DecoderGraph, ImageEncoderGraph, MemoryAttentionGraph, MemoryEncoderGraph, top_grid
+    from vostream.pipeline.apps.export.wrappers import (
+        DecoderGraph,
+        ImageEncoderGraph,
+        MemoryAttentionGraph,
+        MemoryEncoderGraph,
+        top_grid,
+    )
 
     cfg = net.config
     S = int(cfg.image_size)
@@ -336,8 +421,8 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
     max_ptrs = int(cfg.max_object_pointers_in_encoder)
     Q = C + max_ptrs - 1
     pre = _read_json(model, "preprocessor_config.json") or {}
-    mean = tuple(float(v) for v in pre.get("image_mean", family.mean))
-    std = tuple(float(v) for v in pre.get("image_std", family.std))
+    mean = _three(pre.get("image_mean", family.mean))
+    std = _three(pre.get("image_std", family.std))
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -350,9 +435,16 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
         graphs: dict[str, GraphSpec] = {}
         verify: dict[str, Any] = {}
 
-        def do(name: str, module: Any, args_list: list[tuple[Any, ...]], in_names: list[str], out_names: list[str],
-               dynamic: dict[str, dict[int, str]] | None = None, rel: dict[str, float] | None = None,
-               shrink: dict[str, tuple[int, str]] | None = None) -> tuple[Any, ...]:
+        def do(
+            name: str,
+            module: Any,
+            args_list: list[tuple[Any, ...]],
+            in_names: list[str],
+            out_names: list[str],
+            dynamic: dict[str, dict[int, str]] | None = None,
+            rel: dict[str, float] | None = None,
+            shrink: dict[str, tuple[int, str]] | None = None,
+        ) -> tuple[Any, ...]:
             """Export, verify on every feed of ``args_list``, record.  ``dynamic``: symbolic axes in the manifest;
             ``shrink``: axes dynamic in the ONNX file but kept at the first feed's size in the manifest."""
             t0 = time.perf_counter()
@@ -370,65 +462,141 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
             diffs = _verify(name, path, module, args_list, in_names, out_names, torch, rel)
             if fp16:
                 _to_fp16(path)
-                diffs = _verify(name, path, module, args_list, in_names, out_names, torch,
-                                {n: FP16_TOL for n in out_names}, tol=FP16_TOL)
-            graphs[name] = GraphSpec(name, path.name, _specs(in_names, args_list[0], dynamic),
-                                     _specs(out_names, outs, dynamic), dict(shrink or {}))
+                diffs = _verify(
+                    name,
+                    path,
+                    module,
+                    args_list,
+                    in_names,
+                    out_names,
+                    torch,
+                    {n: FP16_TOL for n in out_names},
+                    tol=FP16_TOL,
+                )
+            graphs[name] = GraphSpec(
+                name,
+                path.name,
+                _specs(in_names, args_list[0], dynamic),
+                _specs(out_names, outs, dynamic),
+                dict(shrink or {}),
+            )
             verify[name] = {"max_abs_diff": diffs, "export_s": round(time.perf_counter() - t0, 2)}
-            say(f"  {name}: exported and verified in {time.perf_counter() - t0:.1f} s "
-                f"(max |diff| {max(diffs.values()):.2g})")
+            say(
+                f"  {name}: exported and verified in {time.perf_counter() - t0:.1f} s "
+                f"(max |diff| {max(diffs.values()):.2g})"
+            )
             return outs
 
         ie = ImageEncoderGraph(net)
         images = [(rnd(1, 3, S, S),), (rnd(1, 3, S, S),)]
-        s0, s1, feat, nomem, fmap = do("image_encoder", ie, images, ["image"],
-                                       ["feat_s0", "feat_s1", "feat", "feat_nomem", "feat_map"])
+        s0, s1, feat, nomem, fmap = do(
+            "image_encoder", ie, images, ["image"], ["feat_s0", "feat_s1", "feat", "feat_nomem", "feat_map"]
+        )
 
         ma = MemoryAttentionGraph(net, family, S, L, Q)
         T = int(ma.mem_pos.shape[0])
 
         def ma_args(n_valid: int, n_ptr: int, slots: int = L, pointers: int = Q) -> tuple[Any, ...]:
-            tpos = torch.tensor(([N] * C + list(range(N)))[L - slots:], dtype=torch.int64)
+            tpos = torch.tensor(([N] * C + list(range(N)))[L - slots :], dtype=torch.int64)
             sv = torch.zeros(slots)
             sv[:n_valid] = 1
             pv = torch.zeros(pointers)
             pv[:n_ptr] = 1
-            return (feat, rnd(slots, T, M), tpos, sv, rnd(pointers, D),
-                    torch.arange(1, pointers + 1, dtype=torch.float32), pv)
+            return (
+                feat,
+                rnd(slots, T, M),
+                tpos,
+                sv,
+                rnd(pointers, D),
+                torch.arange(1, pointers + 1, dtype=torch.float32),
+                pv,
+            )
 
         # full, masked, and shorter views of the slot and pointer axes (what the session binds while the bank fills)
         short = N + 1, Q - C + 1  # one conditioning frame, full recent rings
-        do("memory_attention", ma, [ma_args(L, Q), ma_args(1, 1), ma_args(C + 2, 5), ma_args(*short, *short),
-                                    ma_args(1, 1, 1, 1), ma_args(2, 3, 3, 4)],
-           ["feat", "bank", "slot_tpos", "slot_valid", "ptrs", "ptr_tdiff", "ptr_valid"], ["pix_feat"],
-           shrink={"bank": (0, "slots"), "slot_tpos": (0, "slots"), "slot_valid": (0, "slots"),
-                   "ptrs": (0, "pointers"), "ptr_tdiff": (0, "pointers"), "ptr_valid": (0, "pointers")})
+        do(
+            "memory_attention",
+            ma,
+            [
+                ma_args(L, Q),
+                ma_args(1, 1),
+                ma_args(C + 2, 5),
+                ma_args(*short, *short),
+                ma_args(1, 1, 1, 1),
+                ma_args(2, 3, 3, 4),
+            ],
+            ["feat", "bank", "slot_tpos", "slot_valid", "ptrs", "ptr_tdiff", "ptr_valid"],
+            ["pix_feat"],
+            shrink={
+                "bank": (0, "slots"),
+                "slot_tpos": (0, "slots"),
+                "slot_valid": (0, "slots"),
+                "ptrs": (0, "pointers"),
+                "ptr_tdiff": (0, "pointers"),
+                "ptr_valid": (0, "pointers"),
+            },
+        )
 
         de = DecoderGraph(net)
         pts = torch.tensor([[[S * 0.3, S * 0.4], [S * 0.6, S * 0.7], [0.0, 0.0]]])
         lbl = torch.tensor([[1, 0, -1]], dtype=torch.int32)
         mprompt = (rnd(1, 1, S, S) > 0).to(torch.float32)
-        dec_args = [(nomem, s0, s1, pts, lbl, torch.zeros(1, 1, S, S), torch.zeros(1)),
-                    (fmap, s0, s1, torch.zeros(1, 1, 2), -torch.ones(1, 1, dtype=torch.int32), mprompt, torch.ones(1))]
+        dec_args = [
+            (nomem, s0, s1, pts, lbl, torch.zeros(1, 1, S, S), torch.zeros(1)),
+            (
+                fmap,
+                s0,
+                s1,
+                torch.zeros(1, 1, 2),
+                -torch.ones(1, 1, dtype=torch.int32),
+                mprompt,
+                torch.ones(1),
+            ),
+        ]
         dyn = {"points": {1: "K"}, "labels": {1: "K"}}
-        masks, _iou, _score, obj_ptrs = do("decoder", de, dec_args,
-                                         ["pix_feat", "feat_s0", "feat_s1", "points", "labels", "mask_prompt",
-                                          "has_mask"], ["low_res_masks", "iou", "object_score", "obj_ptrs"], dyn)
+        masks, _iou, _score, obj_ptrs = do(
+            "decoder",
+            de,
+            dec_args,
+            ["pix_feat", "feat_s0", "feat_s1", "points", "labels", "mask_prompt", "has_mask"],
+            ["low_res_masks", "iou", "object_score", "obj_ptrs"],
+            dyn,
+        )
 
         me = MemoryEncoderGraph(net, family, S)
         one = torch.ones(1)
-        i64 = lambda v: torch.tensor([v], dtype=torch.int64)
+
+        def i64(v: int) -> Any:
+            return torch.tensor([v], dtype=torch.int64)
+
         # Binarising (mask > 0) is only checked on a blocky mask prompt: upsampled random logits have pixels within
         # 1e-6 of 0, where ONNX Runtime and PyTorch may round to different sides (a real but meaningless flip).
         yy, xx = torch.meshgrid(torch.arange(S), torch.arange(S), indexing="ij")
         blocks = (((yy // 16) + (xx // 16)) % 2).to(torch.float32)[None, None]
         zero = torch.zeros(1)
-        me_args = [(feat, masks, obj_ptrs, torch.tensor([[0.7]]), mprompt, i64(1), i64(1), zero, zero),
-                   (feat, masks, obj_ptrs, torch.tensor([[-0.7]]), mprompt, i64(0), i64(0), zero, zero),
-                   (feat, masks, obj_ptrs, torch.tensor([[0.7]]), blocks, i64(2), i64(3), one, one)]
-        do("memory_encoder", me, me_args,
-           ["feat", "low_res_masks", "obj_ptrs", "object_score", "mask_prompt", "plane", "token", "use_mask_prompt",
-            "binarize"], ["maskmem", "obj_ptr"], rel={"maskmem": 2.0 ** -7} if family.bank_bf16 else None)
+        me_args = [
+            (feat, masks, obj_ptrs, torch.tensor([[0.7]]), mprompt, i64(1), i64(1), zero, zero),
+            (feat, masks, obj_ptrs, torch.tensor([[-0.7]]), mprompt, i64(0), i64(0), zero, zero),
+            (feat, masks, obj_ptrs, torch.tensor([[0.7]]), blocks, i64(2), i64(3), one, one),
+        ]
+        do(
+            "memory_encoder",
+            me,
+            me_args,
+            [
+                "feat",
+                "low_res_masks",
+                "obj_ptrs",
+                "object_score",
+                "mask_prompt",
+                "plane",
+                "token",
+                "use_mask_prompt",
+                "binarize",
+            ],
+            ["maskmem", "obj_ptr"],
+            rel={"maskmem": 2.0**-7} if family.bank_bf16 else None,
+        )
 
         md = net.mask_decoder
         algorithm = {
@@ -443,28 +611,47 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
             "max_cond_frame_num": max_cond,
             "ptr_temporal_encoding": bool(cfg.enable_temporal_pos_encoding_for_object_pointers),
             "no_obj_score": -1024.0,
-            "mask_prompt_scale": 20.0, "mask_prompt_bias": -10.0,
+            "mask_prompt_scale": 20.0,
+            "mask_prompt_bias": -10.0,
         }
-        try:
-            from importlib.metadata import version
-
-            vs_version = version("vostream")
-        except Exception:  # noqa: BLE001
-            vs_version = "unknown"
+        vs_version = package_version()
         import onnx
         import onnxruntime
 
         manifest = Manifest(
-            family=family.name, image_size=S, mean=mean, std=std, grid=g, hidden_dim=D, mem_dim=M,  # type: ignore[arg-type]
-            tokens_per_slot=T, mask_size=P, cond_slots=C, recent_slots=N, pointer_slots=Q,
-            max_object_pointers=max_ptrs, num_maskmem=int(cfg.num_maskmem), algorithm=algorithm, graphs=graphs,
-            dtype="float16-mixed" if fp16 else "float32", opset=opset,
-            source={"model": str(model), "model_type": config_json.get("model_type"), "class": family.model_class,
-                    "trained_image_size": trained_size,
-                    "parameters": int(sum(p.numel() for p in net.parameters())),
-                    "torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
-                    "onnxruntime": onnxruntime.__version__},
-            verify=verify, format_version=FORMAT_VERSION, vostream_version=vs_version)
+            family=family.name,
+            image_size=S,
+            mean=mean,
+            std=std,
+            grid=g,
+            hidden_dim=D,
+            mem_dim=M,  # type: ignore[arg-type]
+            tokens_per_slot=T,
+            mask_size=P,
+            cond_slots=C,
+            recent_slots=N,
+            pointer_slots=Q,
+            max_object_pointers=max_ptrs,
+            num_maskmem=int(cfg.num_maskmem),
+            algorithm=algorithm,
+            graphs=graphs,
+            dtype="float16-mixed" if fp16 else "float32",
+            opset=opset,
+            source={
+                "model": str(model),
+                "model_type": config_json.get("model_type"),
+                "class": family.model_class,
+                "trained_image_size": trained_size,
+                "parameters": int(sum(p.numel() for p in net.parameters())),
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "onnx": onnx.__version__,
+                "onnxruntime": onnxruntime.__version__,
+            },
+            verify=verify,
+            format_version=FORMAT_VERSION,
+            vostream_version=vs_version,
+        )
         manifest.write(tmp)
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -472,7 +659,9 @@ def export_model(model: str, out_dir: str | Path, *, opset: int = DEFAULT_OPSET,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    say(f"wrote {out_dir} ({family.name}, {S}px, {'fp16' if fp16 else 'fp32'}, C={C} N={N} Q={Q}) in {time.perf_counter() - t_start:.1f} s")
+    say(
+        f"wrote {out_dir} ({family.name}, {S}px, {'fp16' if fp16 else 'fp32'}, C={C} N={N} Q={Q}) in {time.perf_counter() - t_start:.1f} s"
+    )
     return manifest
 
 

@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 from vostream.pipeline.errors import BackendError, ConfigError
-
 from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, load_manifest
 
 logger = logging.getLogger(__name__)
@@ -92,14 +91,18 @@ def check_soc(soc_version: str, allow_unknown: bool = False) -> str:
     """Return ``soc_version`` if it is a known ATC SoC name; ``ConfigError`` otherwise (unless ``allow_unknown``)."""
     soc = str(soc_version).strip()
     if not soc:
-        raise ConfigError("--soc-version is empty; use the 'Ascend' + Name column of npu-smi info, e.g. Ascend910B3")
+        raise ConfigError(
+            "--soc-version is empty; use the 'Ascend' + Name column of npu-smi info, e.g. Ascend910B3"
+        )
     if soc in KNOWN_SOCS or allow_unknown:
         return soc
     near = [s for s in KNOWN_SOCS if s.lower() == soc.lower()]
     hint = f" (did you mean {near[0]}?)" if near else ""
-    raise ConfigError(f"unknown --soc-version {soc!r}{hint}; known: {', '.join(KNOWN_SOCS)}. It must be 'Ascend' + "
-                      "the Name column of 'npu-smi info' on the inference host (pass allow_unknown_soc=True to use "
-                      "another one)")
+    raise ConfigError(
+        f"unknown --soc-version {soc!r}{hint}; known: {', '.join(KNOWN_SOCS)}. It must be 'Ascend' + "
+        "the Name column of 'npu-smi info' on the inference host (pass allow_unknown_soc=True to use "
+        "another one)"
+    )
 
 
 def check_gears(k_gears: Iterable[int]) -> tuple[int, ...]:
@@ -131,12 +134,18 @@ def check_opset(opset: int, cann_version: str | None = None) -> list[str]:
     exclude it (ATC itself then reports it; docs can be conservative, so this is not an error)."""
     lo, hi = OPSET_RANGE
     if not lo <= int(opset) <= hi:
-        raise ConfigError(f"the export is ONNX opset {opset}; no CANN release's ATC is documented to parse it "
-                          f"(documented opsets {lo}-{hi}); re-export with --opset 17")
+        raise ConfigError(
+            f"the export is ONNX opset {opset}; no CANN release's ATC is documented to parse it "
+            f"(documented opsets {lo}-{hi}); re-export with --opset 17"
+        )
     rng = documented_opsets(cann_version)
     if rng and not rng[0] <= int(opset) <= rng[1]:
-        return [(f"CANN {cann_version}'s ATC docs list ONNX opsets {rng[0]}-{rng[1]}, the export is opset {opset}: "
-                 "conversion may fail; CANN 7.0.0 or 9.x is documented to accept opset 17")]
+        return [
+            (
+                f"CANN {cann_version}'s ATC docs list ONNX opsets {rng[0]}-{rng[1]}, the export is opset {opset}: "
+                "conversion may fail; CANN 7.0.0 or 9.x is documented to accept opset 17"
+            )
+        ]
     return []
 
 
@@ -153,8 +162,11 @@ def detect_cann_version(env: Mapping[str, str] | None = None) -> tuple[str | Non
             roots.append(Path(env[var]))
     roots += [Path("/usr/local/Ascend/ascend-toolkit/latest"), Path("/usr/local/Ascend/cann")]
     for root in roots:
-        for info in (root / f"{arch}-linux" / "ascend_toolkit_install.info", root / "ascend_toolkit_install.info",
-                     root / "compiler" / "version.info"):
+        for info in (
+            root / f"{arch}-linux" / "ascend_toolkit_install.info",
+            root / "ascend_toolkit_install.info",
+            root / "compiler" / "version.info",
+        ):
             try:
                 text = info.read_text(errors="replace")
             except OSError:
@@ -162,7 +174,10 @@ def detect_cann_version(env: Mapping[str, str] | None = None) -> tuple[str | Non
             m = re.search(r"^\s*version\s*=\s*(\S+)", text, re.IGNORECASE | re.MULTILINE)
             if m:
                 return m.group(1), str(info)
-    return None, "no ascend_toolkit_install.info found (CANN toolkit not installed, or set_env.sh not sourced)"
+    return (
+        None,
+        "no ascend_toolkit_install.info found (CANN toolkit not installed, or set_env.sh not sourced)",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ commands
@@ -189,11 +204,16 @@ def _graph_shapes(g: GraphSpec, gears: tuple[int, ...]) -> tuple[str, str | None
     if not labels:
         return ";".join(shapes), None, False
     if len(set(labels)) > 1:
-        raise ConfigError(f"graph {g.name}: dynamic axes {sorted(set(labels))} — ATC gears here support one dynamic "
-                          "size per graph")
+        raise ConfigError(
+            f"graph {g.name}: dynamic axes {sorted(set(labels))} — ATC gears here support one dynamic "
+            "size per graph"
+        )
     if len(gears) == 1:  # one gear: compile it static (ATC wants 2..100 gears for --dynamic_dims)
         k = str(gears[0])
-        static = [f"{t.name}:{','.join(k if isinstance(d, str) else str(int(d)) for d in t.shape)}" for t in g.inputs]
+        static = [
+            f"{t.name}:{','.join(k if isinstance(d, str) else str(int(d)) for d in t.shape)}"
+            for t in g.inputs
+        ]
         return ";".join(static), None, False
     gear_text = ";".join(",".join([str(k)] * len(labels)) for k in gears)
     return ";".join(shapes), gear_text, True
@@ -203,10 +223,18 @@ def keep_dtype_path(base: str | Path, g: GraphSpec) -> Path:
     return Path(base) / f"{Path(g.file).stem}{KEEP_DTYPE_SUFFIX}"
 
 
-def atc_commands(manifest: Manifest, export_dir: str | Path, *, soc_version: str = DEFAULT_SOC,
-                 precision: str = "fp16-mixed", k_gears: Iterable[int] = DEFAULT_K_GEARS,
-                 out_dir: str | Path | None = None, cfg_dir: str | Path | None = None,
-                 allow_unknown_soc: bool = False, atc: str = "atc") -> list[list[str]]:
+def atc_commands(
+    manifest: Manifest,
+    export_dir: str | Path,
+    *,
+    soc_version: str = DEFAULT_SOC,
+    precision: str = "fp16-mixed",
+    k_gears: Iterable[int] = DEFAULT_K_GEARS,
+    out_dir: str | Path | None = None,
+    cfg_dir: str | Path | None = None,
+    allow_unknown_soc: bool = False,
+    atc: str = "atc",
+) -> list[list[str]]:
     """One ``atc`` argv per graph of ``manifest`` (in manifest order).
 
     ``export_dir``: where the ``.onnx`` files are (paths are joined as given, so ``Path(".")`` gives relative
@@ -224,9 +252,15 @@ def atc_commands(manifest: Manifest, export_dir: str | Path, *, soc_version: str
     for g in manifest.graphs.values():
         input_shape, dyn, dynamic = _graph_shapes(g, gears)
         all_4d = all(len(t.shape) == 4 for t in g.inputs)
-        argv = [atc, "--framework=5", f"--model={base / g.file}", f"--output={out / Path(g.file).stem}",
-                f"--soc_version={soc}", f"--input_format={'NCHW' if all_4d and not dynamic else 'ND'}",
-                f"--input_shape={input_shape}"]
+        argv = [
+            atc,
+            "--framework=5",
+            f"--model={base / g.file}",
+            f"--output={out / Path(g.file).stem}",
+            f"--soc_version={soc}",
+            f"--input_format={'NCHW' if all_4d and not dynamic else 'ND'}",
+            f"--input_shape={input_shape}",
+        ]
         if dyn:
             argv.append(f"--dynamic_dims={dyn}")
         if precision == "fp32":
@@ -245,15 +279,23 @@ def keep_dtype_nodes(onnx_path: str | Path, graph: str) -> dict[str, list[str]]:
     try:
         import onnx
     except ImportError:
-        raise ConfigError("writing the ATC keep_dtype lists needs the onnx package: pip install onnx") from None
+        raise ConfigError(
+            "writing the ATC keep_dtype lists needs the onnx package: pip install onnx"
+        ) from None
     try:
         model = onnx.load(str(onnx_path), load_external_data=False)
     except Exception as exc:
-        raise BackendError(f"graph {graph}: cannot read {onnx_path} to list the fp32 operators: {exc}") from exc
+        raise BackendError(
+            f"graph {graph}: cannot read {onnx_path} to list the fp32 operators: {exc}"
+        ) from exc
     types = set(KEEP_OPS_ALL) | set(KEEP_OPS_GRAPH.get(graph, ()))
     nodes = list(model.graph.node)
-    bf16_out = {o for n in nodes if n.op_type == "Cast" and any(a.name == "to" and a.i == _ONNX_BFLOAT16
-                                                                for a in n.attribute) for o in n.output}
+    bf16_out = {
+        o
+        for n in nodes
+        if n.op_type == "Cast" and any(a.name == "to" and a.i == _ONNX_BFLOAT16 for a in n.attribute)
+        for o in n.output
+    }
     out: dict[str, list[str]] = collections.defaultdict(list)
     for n in nodes:
         is_bf16_cast = n.op_type == "Cast" and (set(n.output) & bf16_out or set(n.input) & bf16_out)
@@ -282,16 +324,23 @@ def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
         raise
 
 
-def _script(manifest: Manifest, cmds: list[list[str]], soc: str, precision: str, gears: tuple[int, ...]) -> str:
-    lines = ["#!/usr/bin/env bash",
-             "# Convert this vostream export's ONNX graphs to Ascend .om models (written by vostream export --om).",
-             (f"# SoC {soc}, precision {precision}, decoder K gears {','.join(map(str, gears))} "
-              "(points per object per frame, box corners included)."),
-             "# Run it on a machine with the CANN toolkit after: source /usr/local/Ascend/ascend-toolkit/set_env.sh",
-             f"# {CANN_VERSION_NOTE.format(opset=manifest.opset)}",
-             "# The .om files only run on the SoC named above and with the CANN version that built them.",
-             "set -euo pipefail",
-             'cd "$(dirname "$0")"', ""]
+def _script(
+    manifest: Manifest, cmds: list[list[str]], soc: str, precision: str, gears: tuple[int, ...]
+) -> str:
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Convert this vostream export's ONNX graphs to Ascend .om models (written by vostream export --om).",
+        (
+            f"# SoC {soc}, precision {precision}, decoder K gears {','.join(map(str, gears))} "
+            "(points per object per frame, box corners included)."
+        ),
+        "# Run it on a machine with the CANN toolkit after: source /usr/local/Ascend/ascend-toolkit/set_env.sh",
+        f"# {CANN_VERSION_NOTE.format(opset=manifest.opset)}",
+        "# The .om files only run on the SoC named above and with the CANN version that built them.",
+        "set -euo pipefail",
+        'cd "$(dirname "$0")"',
+        "",
+    ]
     for name, argv in zip(manifest.graphs, cmds):
         lines += [f"echo 'atc: {name}' >&2", shlex.join(argv), ""]
     return "\n".join(lines)
@@ -303,13 +352,21 @@ def _keep_dtype_text(graph: str, nodes: Mapping[str, list[str]]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ running
-def _run_one(graph: str, argv: list[str], cwd: Path, say: Callable[[str], None],
-             env: Mapping[str, str] | None) -> None:
+def _run_one(
+    graph: str, argv: list[str], cwd: Path, say: Callable[[str], None], env: Mapping[str, str] | None
+) -> None:
     """Run one atc command, streaming its output through ``say``; ``BackendError`` with the tail on failure."""
     tail: collections.deque[str] = collections.deque(maxlen=25)
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", env=dict(env) if env is not None else None)
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            env=dict(env) if env is not None else None,
+        )
     except OSError as exc:
         raise BackendError(f"atc for graph {graph}: cannot start {argv[0]}: {exc}") from exc
     assert proc.stdout is not None
@@ -321,8 +378,10 @@ def _run_one(graph: str, argv: list[str], cwd: Path, say: Callable[[str], None],
         rc = proc.wait()
     if rc != 0:
         last = "\n".join(tail) or "(no output)"
-        raise BackendError(f"atc failed for graph {graph} (exit code {rc}); last output:\n{last}\n"
-                           f"command: {shlex.join(argv)}")
+        raise BackendError(
+            f"atc failed for graph {graph} (exit code {rc}); last output:\n{last}\n"
+            f"command: {shlex.join(argv)}"
+        )
 
 
 def _produced_om(tmp: Path, stem: str) -> Path | None:
@@ -333,10 +392,19 @@ def _produced_om(tmp: Path, stem: str) -> Path | None:
     return others[0] if len(others) == 1 else None
 
 
-def convert_export(manifest: Manifest | None, export_dir: str | Path, *, soc_version: str = DEFAULT_SOC,
-                   precision: str = "fp16-mixed", k_gears: Iterable[int] = DEFAULT_K_GEARS, run: bool | None = None,
-                   allow_unknown_soc: bool = False, atc: str = "atc", env: Mapping[str, str] | None = None,
-                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def convert_export(
+    manifest: Manifest | None,
+    export_dir: str | Path,
+    *,
+    soc_version: str = DEFAULT_SOC,
+    precision: str = "fp16-mixed",
+    k_gears: Iterable[int] = DEFAULT_K_GEARS,
+    run: bool | None = None,
+    allow_unknown_soc: bool = False,
+    atc: str = "atc",
+    env: Mapping[str, str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Write ``atc_convert.sh`` and the keep_dtype lists into ``export_dir``; run ATC when ``run`` is True, or when
     ``run`` is None and ``atc`` is found on ``PATH``.
 
@@ -351,22 +419,39 @@ def convert_export(manifest: Manifest | None, export_dir: str | Path, *, soc_ver
     m = manifest if manifest is not None else load_manifest(export_dir)
     soc = check_soc(soc_version, allow_unknown_soc)
     gears = check_gears(k_gears)
-    rel_cmds = atc_commands(m, Path("."), soc_version=soc, precision=precision, k_gears=gears,
-                            allow_unknown_soc=allow_unknown_soc)
+    rel_cmds = atc_commands(
+        m, Path("."), soc_version=soc, precision=precision, k_gears=gears, allow_unknown_soc=allow_unknown_soc
+    )
     missing = [g.file for g in m.graphs.values() if not (export_dir / g.file).is_file()]
     if missing:
-        raise ConfigError(f"{export_dir}: graph file(s) missing: {', '.join(missing)}; re-run vostream export")
-    record: dict[str, Any] = {"soc_version": soc, "precision": precision, "k_gears": list(gears),
-                              "opset": m.opset, "script": str(export_dir / SCRIPT_NAME), "keep_dtype": {},
-                              "kept_ops": {}, "commands": rel_cmds, "ran": False, "reason": "", "om": {},
-                              "seconds": {}, "warnings": [], "cann_version": None}
+        raise ConfigError(
+            f"{export_dir}: graph file(s) missing: {', '.join(missing)}; re-run vostream export"
+        )
+    record: dict[str, Any] = {
+        "soc_version": soc,
+        "precision": precision,
+        "k_gears": list(gears),
+        "opset": m.opset,
+        "script": str(export_dir / SCRIPT_NAME),
+        "keep_dtype": {},
+        "kept_ops": {},
+        "commands": rel_cmds,
+        "ran": False,
+        "reason": "",
+        "om": {},
+        "seconds": {},
+        "warnings": [],
+        "cann_version": None,
+    }
     if precision == "fp16-mixed":
         for name, g in m.graphs.items():
             nodes = keep_dtype_nodes(export_dir / g.file, name)
             unnamed = {k.split(":", 1)[1]: len(v) for k, v in nodes.items() if k.startswith("unnamed:")}
             if unnamed:
-                record["warnings"].append(f"graph {name}: unnamed nodes cannot be kept in fp32 by name: "
-                                          f"{unnamed}; they follow --precision_mode_v2=fp16")
+                record["warnings"].append(
+                    f"graph {name}: unnamed nodes cannot be kept in fp32 by name: "
+                    f"{unnamed}; they follow --precision_mode_v2=fp16"
+                )
             path = keep_dtype_path(export_dir, g)
             _atomic_write(path, _keep_dtype_text(name, nodes))
             record["keep_dtype"][name] = str(path)
@@ -376,25 +461,38 @@ def convert_export(manifest: Manifest | None, export_dir: str | Path, *, soc_ver
 
     atc_path = shutil.which(atc, path=(env or os.environ).get("PATH"))
     if run is False or (run is None and atc_path is None):
-        record["reason"] = "not requested (--no-run-atc)" if run is False else \
-            f"{atc!r} is not on PATH (install CANN and source set_env.sh, then run {SCRIPT_NAME})"
+        record["reason"] = (
+            "not requested (--no-run-atc)"
+            if run is False
+            else f"{atc!r} is not on PATH (install CANN and source set_env.sh, then run {SCRIPT_NAME})"
+        )
         for w in record["warnings"]:
             logger.warning("%s", w)
         return record
     if atc_path is None:
-        raise ConfigError(f"ATC requested but {atc!r} is not on PATH: install the CANN toolkit and "
-                          "'source /usr/local/Ascend/ascend-toolkit/set_env.sh' (or copy the export and run "
-                          f"{SCRIPT_NAME} on the Ascend host)")
+        raise ConfigError(
+            f"ATC requested but {atc!r} is not on PATH: install the CANN toolkit and "
+            "'source /usr/local/Ascend/ascend-toolkit/set_env.sh' (or copy the export and run "
+            f"{SCRIPT_NAME} on the Ascend host)"
+        )
     cann, _src = detect_cann_version(env)
     record["cann_version"] = cann
     record["warnings"] += check_opset(m.opset, cann)
     for w in record["warnings"]:
         logger.warning("%s", w)
-    tmp = Path(tempfile.mkdtemp(prefix=".atc-", dir=export_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=".atc-", dir=export_dir.resolve()))  # absolute: ATC runs with cwd=tmp
     try:
-        cmds = atc_commands(m, export_dir.resolve(), soc_version=soc, precision=precision, k_gears=gears,
-                            out_dir=tmp, cfg_dir=export_dir.resolve(), allow_unknown_soc=allow_unknown_soc,
-                            atc=atc_path)
+        cmds = atc_commands(
+            m,
+            export_dir.resolve(),
+            soc_version=soc,
+            precision=precision,
+            k_gears=gears,
+            out_dir=tmp,
+            cfg_dir=export_dir.resolve(),
+            allow_unknown_soc=allow_unknown_soc,
+            atc=atc_path,
+        )
         produced: dict[str, Path] = {}
         for (name, g), argv in zip(m.graphs.items(), cmds):
             t0 = time.perf_counter()
@@ -402,7 +500,9 @@ def convert_export(manifest: Manifest | None, export_dir: str | Path, *, soc_ver
             _run_one(name, argv, tmp, say, env)
             om = _produced_om(tmp, Path(g.file).stem)
             if om is None:
-                raise BackendError(f"atc for graph {name} exited 0 but wrote no {Path(g.file).stem}.om in {tmp}")
+                raise BackendError(
+                    f"atc for graph {name} exited 0 but wrote no {Path(g.file).stem}.om in {tmp}"
+                )
             produced[name] = om
             record["seconds"][name] = round(time.perf_counter() - t0, 2)
         for name, g in m.graphs.items():  # all converted: move them into place
@@ -420,34 +520,67 @@ def convert_export(manifest: Manifest | None, export_dir: str | Path, *, soc_ver
 def add_om_arguments(parser: argparse.ArgumentParser) -> None:
     """``vostream export`` options for the Ascend conversion (see :func:`om_from_args`)."""
     g = parser.add_argument_group("Ascend .om conversion (docs/ascend.md)")
-    g.add_argument("--om", action="store_true",
-                   help="also write atc_convert.sh (ONNX -> Ascend .om) and run it when atc is on PATH")
-    g.add_argument("--soc-version", default=DEFAULT_SOC, metavar="SOC",
-                   help=f"ATC --soc_version: 'Ascend' + the Name column of npu-smi info (default {DEFAULT_SOC})")
-    g.add_argument("--om-precision", choices=PRECISIONS, default="fp16-mixed",
-                   help="fp16-mixed: fp16 with LayerNorm/Softmax/thresholds kept fp32 (default); fp32: keep the "
-                        "graphs' fp32 everywhere")
-    g.add_argument("--om-max-points", type=int, default=max(DEFAULT_K_GEARS), metavar="K",
-                   help="decoder gears 1..K: points (box corners count) per object per frame (default 8)")
-    g.add_argument("--run-atc", action=argparse.BooleanOptionalAction, default=None,
-                   help="run atc now (default: when atc is on PATH)")
+    g.add_argument(
+        "--om",
+        action="store_true",
+        help="also write atc_convert.sh (ONNX -> Ascend .om) and run it when atc is on PATH",
+    )
+    g.add_argument(
+        "--soc-version",
+        default=DEFAULT_SOC,
+        metavar="SOC",
+        help=f"ATC --soc_version: 'Ascend' + the Name column of npu-smi info (default {DEFAULT_SOC})",
+    )
+    g.add_argument(
+        "--om-precision",
+        choices=PRECISIONS,
+        default="fp16-mixed",
+        help="fp16-mixed: fp16 with LayerNorm/Softmax/thresholds kept fp32 (default); fp32: keep the "
+        "graphs' fp32 everywhere",
+    )
+    g.add_argument(
+        "--om-max-points",
+        type=int,
+        default=max(DEFAULT_K_GEARS),
+        metavar="K",
+        help="decoder gears 1..K: points (box corners count) per object per frame (default 8)",
+    )
+    g.add_argument(
+        "--run-atc",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run atc now (default: when atc is on PATH)",
+    )
 
 
-def om_from_args(args: argparse.Namespace, manifest: Manifest | None, export_dir: str | Path,
-                 progress: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+def om_from_args(
+    args: argparse.Namespace,
+    manifest: Manifest | None,
+    export_dir: str | Path,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any] | None:
     """After ``vostream export``: convert when ``--om`` was given; returns the record (None without ``--om``)."""
     if not getattr(args, "om", False):
         return None
     k = int(args.om_max_points)
-    return convert_export(manifest, export_dir, soc_version=args.soc_version, precision=args.om_precision,
-                          k_gears=range(1, k + 1), run=args.run_atc, progress=progress)
+    return convert_export(
+        manifest,
+        export_dir,
+        soc_version=args.soc_version,
+        precision=args.om_precision,
+        k_gears=range(1, k + 1),
+        run=args.run_atc,
+        progress=progress,
+    )
 
 
 def describe(record: Mapping[str, Any]) -> str:
     """One summary line for a :func:`convert_export` record."""
     if record.get("ran"):
-        return (f"converted {len(record['om'])} graphs to .om for {record['soc_version']} ({record['precision']}) in "
-                f"{sum(record['seconds'].values()):.1f} s")
+        return (
+            f"converted {len(record['om'])} graphs to .om for {record['soc_version']} ({record['precision']}) in "
+            f"{sum(record['seconds'].values()):.1f} s"
+        )
     return f"wrote {record['script']} (not run: {record['reason']})"
 
 
@@ -455,8 +588,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m vostream.pipeline.apps.export.atc DIR``: convert an existing export (no torch needed)."""
     import sys
 
-    p = argparse.ArgumentParser(prog="python -m vostream.pipeline.apps.export.atc",
-                                description="Write (and run, where atc exists) the ATC commands for a vostream export")
+    p = argparse.ArgumentParser(
+        prog="python -m vostream.pipeline.apps.export.atc",
+        description="Write (and run, where atc exists) the ATC commands for a vostream export",
+    )
     p.add_argument("export_dir", metavar="DIR")
     add_om_arguments(p)
     args = p.parse_args(argv)
@@ -471,10 +606,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["CANN_VERSION_NOTE", "DEFAULT_K_GEARS", "DEFAULT_SOC", "DOCUMENTED_OPSETS", "KNOWN_SOCS", "PRECISIONS",
-           "RECORD_NAME", "SCRIPT_NAME", "add_om_arguments", "atc_commands", "check_gears", "check_opset", "check_soc",
-           "convert_export", "describe", "detect_cann_version", "documented_opsets", "keep_dtype_nodes",
-           "om_from_args"]
+__all__ = [
+    "CANN_VERSION_NOTE",
+    "DEFAULT_K_GEARS",
+    "DEFAULT_SOC",
+    "DOCUMENTED_OPSETS",
+    "KNOWN_SOCS",
+    "PRECISIONS",
+    "RECORD_NAME",
+    "SCRIPT_NAME",
+    "add_om_arguments",
+    "atc_commands",
+    "check_gears",
+    "check_opset",
+    "check_soc",
+    "convert_export",
+    "describe",
+    "detect_cann_version",
+    "documented_opsets",
+    "keep_dtype_nodes",
+    "om_from_args",
+]
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -18,31 +18,57 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 @dataclass(frozen=True)
 class Family:
-    name: str                       # manifest family
-    model_class: str                # transformers class that streams
+    name: str  # manifest family
+    model_class: str  # transformers class that streams
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
-    cond_slots: int                 # default C
-    batch_binarize: bool            # HF binarizes every object's memory when any object got input this frame
-    bank_bf16: bool                 # HF stores the spatial memory in bfloat16
-    perceiver: bool = False         # EdgeTAM: the memory encoder ends in the spatial perceiver
+    cond_slots: int  # default C
+    batch_binarize: bool  # HF binarizes every object's memory when any object got input this frame
+    bank_bf16: bool  # HF stores the spatial memory in bfloat16
+    perceiver: bool = False  # EdgeTAM: the memory encoder ends in the spatial perceiver
 
 
 FAMILIES: dict[str, Family] = {
-    "sam2": Family("sam2", "Sam2VideoModel", IMAGENET_MEAN, IMAGENET_STD, cond_slots=2, batch_binarize=True,
-                   bank_bf16=True),
-    "edgetam": Family("edgetam", "EdgeTamVideoModel", IMAGENET_MEAN, IMAGENET_STD, cond_slots=2,
-                      batch_binarize=False, bank_bf16=False, perceiver=True),
-    "sam3_tracker": Family("sam3_tracker", "Sam3TrackerVideoModel", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), cond_slots=4,
-                           batch_binarize=True, bank_bf16=True),
+    "sam2": Family(
+        "sam2",
+        "Sam2VideoModel",
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        cond_slots=2,
+        batch_binarize=True,
+        bank_bf16=True,
+    ),
+    "edgetam": Family(
+        "edgetam",
+        "EdgeTamVideoModel",
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        cond_slots=2,
+        batch_binarize=False,
+        bank_bf16=False,
+        perceiver=True,
+    ),
+    "sam3_tracker": Family(
+        "sam3_tracker",
+        "Sam3TrackerVideoModel",
+        (0.5, 0.5, 0.5),
+        (0.5, 0.5, 0.5),
+        cond_slots=4,
+        batch_binarize=True,
+        bank_bf16=True,
+    ),
 }
 
 #: config ``model_type`` -> family.  Hub checkpoints such as ``facebook/sam2.1-hiera-tiny`` carry the image-model
 #: type (``sam2``) but load as the video model; ``facebook/sam3`` is a ``sam3_video`` config with a tracker inside.
 MODEL_TYPES: dict[str, str] = {
-    "sam2_video": "sam2", "sam2": "sam2",
-    "edgetam_video": "edgetam", "edgetam": "edgetam",
-    "sam3_tracker_video": "sam3_tracker", "sam3_tracker": "sam3_tracker", "sam3_video": "sam3_tracker",
+    "sam2_video": "sam2",
+    "sam2": "sam2",
+    "edgetam_video": "edgetam",
+    "edgetam": "edgetam",
+    "sam3_tracker_video": "sam3_tracker",
+    "sam3_tracker": "sam3_tracker",
+    "sam3_video": "sam3_tracker",
     "sam3": "sam3_tracker",
 }
 
@@ -55,7 +81,8 @@ def family_for(model_type: str | None, where: str) -> Family:
         raise ConfigError(
             f"{where}: model_type {model_type!r} is not a supported SAM-2-family video model; supported: "
             "Sam2VideoModel (sam2_video / sam2), EdgeTamVideoModel (edgetam_video / edgetam), "
-            "Sam3TrackerVideoModel (sam3_tracker_video / sam3_video)") from None
+            "Sam3TrackerVideoModel (sam3_tracker_video / sam3_video)"
+        ) from None
 
 
 def image_size_step(config: Any, family: Family) -> int:
@@ -72,7 +99,9 @@ def image_size_step(config: Any, family: Family) -> int:
     step = patch
     backbone = config.vision_config.backbone_config
     if hasattr(backbone, "window_size_per_stage"):  # Hiera
-        strides = int(backbone.patch_stride[0]) * int(backbone.query_stride[0]) ** (len(backbone.blocks_per_stage) - 1)
+        strides = int(backbone.patch_stride[0]) * int(backbone.query_stride[0]) ** (
+            len(backbone.blocks_per_stage) - 1
+        )
         step = lcm(step, strides, int(backbone.patch_stride[0]) * int(backbone.window_size_per_stage[0]))
     elif "timm" in str(getattr(backbone, "model_type", "")):
         step = lcm(step, 32)
@@ -89,12 +118,18 @@ def resize_config(config: Any, family: Family, size: int) -> None:
     step = image_size_step(config, family)
     trained = int(config.image_size)
     if size < 2 * step or size % step:
-        ok = ", ".join(str(v) for v in sorted({max(2, round(trained * f / step)) * step for f in (0.5, 0.75, 1.0)}))
-        raise ConfigError(f"--image-size {size}: this {family.model_class} checkpoint takes multiples of {step} px "
-                          f"of at least {2 * step} (e.g. {ok}); it was trained at {trained}")
+        ok = ", ".join(
+            str(v) for v in sorted({max(2, round(trained * f / step)) * step for f in (0.5, 0.75, 1.0)})
+        )
+        raise ConfigError(
+            f"--image-size {size}: this {family.model_class} checkpoint takes multiples of {step} px "
+            f"of at least {2 * step} (e.g. {ok}); it was trained at {trained}"
+        )
     patch = int(config.prompt_encoder_config.patch_size)
     g = size // patch
-    config.image_size = size  # the SAM 3 tracker's setter also sets the prompt encoder's, the ViT's and the grids
+    config.image_size = (
+        size  # the SAM 3 tracker's setter also sets the prompt encoder's, the ViT's and the grids
+    )
     if family.name != "sam3_tracker":
         config.prompt_encoder_config.image_size = size
         backbone = config.vision_config.backbone_config
@@ -102,13 +137,26 @@ def resize_config(config: Any, family: Family, size: int) -> None:
             backbone.image_size = [size, size] if isinstance(backbone.image_size, (list, tuple)) else size
         config.vision_config.backbone_feature_sizes = [[4 * g] * 2, [2 * g] * 2, [g] * 2]
         config.memory_attention_rope_feat_sizes = [g, g]
-    got = (int(config.image_size), [list(map(int, v)) for v in config.vision_config.backbone_feature_sizes],
-           list(map(int, config.memory_attention_rope_feat_sizes)))
+    got = (
+        int(config.image_size),
+        [list(map(int, v)) for v in config.vision_config.backbone_feature_sizes],
+        list(map(int, config.memory_attention_rope_feat_sizes)),
+    )
     if got != (size, [[4 * g] * 2, [2 * g] * 2, [g] * 2], [g, g]):
-        raise ConfigError(f"--image-size {size}: could not set the {family.model_class} config consistently "
-                          f"(image size, feature grids, RoPE grid = {got}); this transformers version may keep "
-                          "them elsewhere")
+        raise ConfigError(
+            f"--image-size {size}: could not set the {family.model_class} config consistently "
+            f"(image size, feature grids, RoPE grid = {got}); this transformers version may keep "
+            "them elsewhere"
+        )
 
 
-__all__ = ["FAMILIES", "IMAGENET_MEAN", "IMAGENET_STD", "MODEL_TYPES", "Family", "family_for", "image_size_step",
-           "resize_config"]
+__all__ = [
+    "FAMILIES",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "MODEL_TYPES",
+    "Family",
+    "family_for",
+    "image_size_step",
+    "resize_config",
+]

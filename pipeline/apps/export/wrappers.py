@@ -37,9 +37,16 @@ def masked_cross_attention(model: nn.Module, holder: dict[str, torch.Tensor]) ->
     config = model.config
     saved_impl = config._attn_implementation
 
-    def eager_with_mask(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
-                        **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def eager_with_mask(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float,
+        dropout: float = 0.0,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if id(module) in cross:
             mask = holder["mask"].to(query.dtype)[None, None, None, :]
             attention_mask = mask if attention_mask is None else attention_mask + mask
@@ -145,8 +152,16 @@ class MemoryAttentionGraph(nn.Module):
         self.register_buffer("mem_pos", memory_pos(model, family, image_size), persistent=False)
         self.holder: dict[str, torch.Tensor] = {}
 
-    def forward(self, feat: torch.Tensor, bank: torch.Tensor, slot_tpos: torch.Tensor, slot_valid: torch.Tensor,
-                ptrs: torch.Tensor, ptr_tdiff: torch.Tensor, ptr_valid: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        feat: torch.Tensor,
+        bank: torch.Tensor,
+        slot_tpos: torch.Tensor,
+        slot_valid: torch.Tensor,
+        ptrs: torch.Tensor,
+        ptr_tdiff: torch.Tensor,
+        ptr_valid: torch.Tensor,
+    ) -> torch.Tensor:
         # every size below comes from the inputs' shapes, so the exported graph also takes fewer slots / pointers
         # than ``self.slots`` / ``self.pointers`` (the session binds only the range that holds memories)
         m = self.model
@@ -163,14 +178,20 @@ class MemoryAttentionGraph(nn.Module):
         memory = torch.cat([bank.reshape(-1, M), ptr_tok], dim=0)[:, None]
         memory_pos_all = torch.cat([bank_pos, ptr_pos], dim=0)[:, None]
         valid = torch.cat([slot_valid.repeat_interleave(T), ptr_valid.repeat_interleave(self.split)])
-        self.holder["mask"] = torch.where(valid > 0.5, torch.zeros_like(valid), torch.full_like(valid, -math.inf))
+        self.holder["mask"] = torch.where(
+            valid > 0.5, torch.zeros_like(valid), torch.full_like(valid, -math.inf)
+        )
         kwargs: dict[str, Any] = {"num_object_pointer_tokens": ptr_tok.shape[0]}
         if self.family.perceiver:
             kwargs["num_spatial_memory_tokens"] = bank.shape[0]
         with masked_cross_attention(m, self.holder):
-            out = m.memory_attention(current_vision_features=feat.transpose(0, 1), memory=memory,
-                                     current_vision_position_embeddings=self.vis_pos,
-                                     memory_posision_embeddings=memory_pos_all, **kwargs)
+            out = m.memory_attention(
+                current_vision_features=feat.transpose(0, 1),
+                memory=memory,
+                current_vision_position_embeddings=self.vis_pos,
+                memory_posision_embeddings=memory_pos_all,
+                **kwargs,
+            )
         return out.squeeze(1).transpose(1, 2).reshape(1, self.hidden, self.g, self.g)
 
 
@@ -181,15 +202,25 @@ class DecoderGraph(nn.Module):
         super().__init__()
         self.model = model
         with torch.no_grad():
-            self.register_buffer("image_pe", model.get_image_wide_positional_embeddings().detach().clone(),
-                                 persistent=False)
+            self.register_buffer(
+                "image_pe", model.get_image_wide_positional_embeddings().detach().clone(), persistent=False
+            )
 
-    def forward(self, pix_feat: torch.Tensor, feat_s0: torch.Tensor, feat_s1: torch.Tensor, points: torch.Tensor,
-                labels: torch.Tensor, mask_prompt: torch.Tensor, has_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(
+        self,
+        pix_feat: torch.Tensor,
+        feat_s0: torch.Tensor,
+        feat_s1: torch.Tensor,
+        points: torch.Tensor,
+        labels: torch.Tensor,
+        mask_prompt: torch.Tensor,
+        has_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
         m = self.model
         pe, md = m.prompt_encoder, m.mask_decoder
-        sparse, _ = pe(input_points=points[:, None], input_labels=labels[:, None], input_boxes=None,
-                       input_masks=None)
+        sparse, _ = pe(
+            input_points=points[:, None], input_labels=labels[:, None], input_boxes=None, input_masks=None
+        )
         gh, gw = pe.image_embedding_size
         no_mask = pe.no_mask_embed.weight.reshape(1, -1, 1, 1).expand(1, -1, gh, gw)
         small = m.mask_downsample(mask_prompt)
@@ -202,18 +233,23 @@ class DecoderGraph(nn.Module):
         tokens = torch.cat([md.obj_score_token.weight, md.iou_token.weight, md.mask_tokens.weight], dim=0)
         tokens = torch.cat([tokens[None, None], sparse.to(tokens.dtype)], dim=2)
         image = pix_feat + dense
-        point_out, image_out = md.transformer(point_embeddings=tokens, image_embeddings=image,
-                                              image_positional_embeddings=self.image_pe,
-                                              attention_similarity=None, target_embedding=None)
+        point_out, image_out = md.transformer(
+            point_embeddings=tokens,
+            image_embeddings=image,
+            image_positional_embeddings=self.image_pe,
+            attention_similarity=None,
+            target_embedding=None,
+        )
         iou_token = point_out[:, :, 1, :]
-        mask_tokens = point_out[:, :, 2:(2 + md.num_mask_tokens), :]
+        mask_tokens = point_out[:, :, 2 : (2 + md.num_mask_tokens), :]
         _, c, h, w = pix_feat.shape
         image_out = image_out.transpose(2, 3).reshape(1, c, h, w)
         up = md.upscale_conv1(image_out) + feat_s1
         up = md.activation(md.upscale_layer_norm(up))
         up = md.activation(md.upscale_conv2(up) + feat_s0)
-        hyper = torch.stack([mlp(mask_tokens[:, :, i, :]) for i, mlp in enumerate(md.output_hypernetworks_mlps)],
-                            dim=2)
+        hyper = torch.stack(
+            [mlp(mask_tokens[:, :, i, :]) for i, mlp in enumerate(md.output_hypernetworks_mlps)], dim=2
+        )
         _, uc, uh, uw = up.shape
         masks = (hyper @ up.reshape(1, 1, uc, uh * uw)).reshape(1, -1, uh, uw)
         iou = md.iou_prediction_head(iou_token).reshape(1, -1)
@@ -234,25 +270,40 @@ class MemoryEncoderGraph(nn.Module):
         self.hidden = int(model.hidden_dim)
         self.mem_size = int(model.prompt_encoder.mask_input_size[0]) * 4
         if self.mem_size < image_size:
-            raise ValueError(f"memory mask size {self.mem_size} < image size {image_size}: an antialiased "
-                             "downsample would be needed; not supported")
+            raise ValueError(
+                f"memory mask size {self.mem_size} < image size {image_size}: an antialiased "
+                "downsample would be needed; not supported"
+            )
 
-    def forward(self, feat: torch.Tensor, low_res_masks: torch.Tensor, obj_ptrs: torch.Tensor,
-                object_score: torch.Tensor, mask_prompt: torch.Tensor, plane: torch.Tensor, token: torch.Tensor,
-                use_mask_prompt: torch.Tensor, binarize: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        feat: torch.Tensor,
+        low_res_masks: torch.Tensor,
+        obj_ptrs: torch.Tensor,
+        object_score: torch.Tensor,
+        mask_prompt: torch.Tensor,
+        plane: torch.Tensor,
+        token: torch.Tensor,
+        use_mask_prompt: torch.Tensor,
+        binarize: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.model
         cfg = m.config
         present = object_score > 0  # [1,1]
         low = torch.index_select(low_res_masks, 1, plane)
         low = torch.where(present[:, :, None, None], low, torch.full_like(low, NO_OBJ_SCORE))
-        high = F.interpolate(low, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False)
+        high = F.interpolate(
+            low, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False
+        )
         use_mp = use_mask_prompt.reshape(1, 1, 1, 1) > 0.5
         high = torch.where(use_mp, mask_prompt * 20.0 - 10.0, high)
         mask_any = (mask_prompt.reshape(1, -1).amax(dim=1, keepdim=True) > 0).to(high.dtype)  # [1,1]
         score = torch.where(use_mp.reshape(1, 1), mask_any * 20.0 - 10.0, object_score)
         if self.mem_size != self.image_size:
             # HF resizes with antialias=True; for an upsample that equals plain bilinear (checked at export)
-            high = F.interpolate(high, size=(self.mem_size, self.mem_size), mode="bilinear", align_corners=False)
+            high = F.interpolate(
+                high, size=(self.mem_size, self.mem_size), mode="bilinear", align_corners=False
+            )
         mask = torch.where(binarize.reshape(1, 1, 1, 1) > 0.5, (high > 0).to(high.dtype), torch.sigmoid(high))
         mask = mask * cfg.sigmoid_scale_for_mem_enc + cfg.sigmoid_bias_for_mem_enc
         pix = feat.permute(0, 2, 1).reshape(1, self.hidden, self.g, self.g)

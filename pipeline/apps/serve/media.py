@@ -23,29 +23,41 @@ def display_url(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url.split("?", 1)[0])
 
 
-def resolve_source(root: Path, requested: str, allow_urls: tuple[str, ...] = (),
-                   exact_urls: tuple[str, ...] = ()) -> tuple[str, str]:
+def resolve_source(
+    root: Path, requested: str, allow_urls: tuple[str, ...] = (), exact_urls: tuple[str, ...] = ()
+) -> tuple[str, str]:
     """``(path or URL to open, display name)`` for ``requested``, or :class:`ProtocolError` ``forbidden_path`` /
     ``source_error`` (missing).  A URL must start with one of ``allow_urls`` or equal one of ``exact_urls``."""
     if "://" in requested:
         if requested in exact_urls or any(requested.startswith(prefix) for prefix in allow_urls):
             return requested, display_url(requested)
-        raise ProtocolError("forbidden_path", "stream URLs are not allowed by this server; start it with "
-                                              "--allow-url PREFIX to permit them", "open")
+        raise ProtocolError(
+            "forbidden_path",
+            "stream URLs are not allowed by this server; start it with --allow-url PREFIX to permit them",
+            "open",
+        )
     if "\x00" in requested or "\\" in requested:
         raise ProtocolError("forbidden_path", "the path contains a forbidden character", "open")
     parts = PurePosixPath(requested).parts
     if ".." in parts:
-        raise ProtocolError("forbidden_path", f"'..' is not allowed in source paths: {requested!r}; give a path "
-                                              f"relative to the media root", "open")
+        raise ProtocolError(
+            "forbidden_path",
+            f"'..' is not allowed in source paths: {requested!r}; give a path relative to the media root",
+            "open",
+        )
     root_real = Path(os.path.realpath(root))
     candidate = Path(requested) if Path(requested).is_absolute() else root_real / requested
     real = Path(os.path.realpath(candidate))
     if real != root_real and root_real not in real.parents:
-        raise ProtocolError("forbidden_path", f"{requested!r} is outside the media root; the server only opens "
-                                              f"sources under --media-root", "open")
+        raise ProtocolError(
+            "forbidden_path",
+            f"{requested!r} is outside the media root; the server only opens sources under --media-root",
+            "open",
+        )
     if not real.exists():
-        raise ProtocolError("source_error", f"no such file or directory under the media root: {requested!r}", "open")
+        raise ProtocolError(
+            "source_error", f"no such file or directory under the media root: {requested!r}", "open"
+        )
     display = str(real.relative_to(root_real)) if real != root_real else real.name
     return str(real), display
 

@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 
 from vostream.pipeline.errors import ConfigError
+from vostream.pipeline.types import outside_frame
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
@@ -37,6 +38,7 @@ class ProtocolError(ConfigError):
 
 
 # -- typed client messages ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Hello:
@@ -153,8 +155,10 @@ def decode(data: bytes | bytearray | memoryview | str) -> dict[str, Any]:
     try:
         msg = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True)
     except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types for bad input
-        raise ProtocolError("bad_msgpack", f"not a msgpack message ({type(exc).__name__}); "
-                                           f"send one msgpack map per binary frame") from exc
+        raise ProtocolError(
+            "bad_msgpack",
+            f"not a msgpack message ({type(exc).__name__}); send one msgpack map per binary frame",
+        ) from exc
     if not isinstance(msg, dict):
         raise ProtocolError("bad_msgpack", f"a message must be a msgpack map, got {type(msg).__name__}")
     return msg
@@ -167,8 +171,11 @@ def parse_client_message(data: bytes | bytearray | memoryview | str) -> ClientMe
     if not isinstance(t, str):
         raise ProtocolError("bad_message", "every message needs a string field 't' (the message type)")
     if t not in _KEYS:
-        raise ProtocolError("unknown_type", f"unknown message type {t[:40]!r}; expected one of "
-                                            f"{', '.join(MESSAGE_TYPES)}", t[:40])
+        raise ProtocolError(
+            "unknown_type",
+            f"unknown message type {t[:40]!r}; expected one of {', '.join(MESSAGE_TYPES)}",
+            t[:40],
+        )
     required, optional = _KEYS[t]
     present = {k for k, v in msg.items() if k != "t" and not (k in optional and v is None)}
     missing = required - present
@@ -198,10 +205,16 @@ def parse_client_message(data: bytes | bytearray | memoryview | str) -> ClientMe
     if t == "export":
         fmt = _str(msg, "format", t, 16)
         if fmt not in EXPORT_FORMATS:
-            raise ProtocolError("out_of_range", f"export.format {fmt!r}: choose {' or '.join(EXPORT_FORMATS)}", t)
+            raise ProtocolError(
+                "out_of_range", f"export.format {fmt!r}: choose {' or '.join(EXPORT_FORMATS)}", t
+            )
         return Export(fmt)
     if t == "ack":
-        return Ack(_int(msg, "seq", t, 0), _num(msg["recv_ms"], "ack.recv_ms", t), _num(msg["draw_ms"], "ack.draw_ms", t))
+        return Ack(
+            _int(msg, "seq", t, 0),
+            _num(msg["recv_ms"], "ack.recv_ms", t),
+            _num(msg["draw_ms"], "ack.draw_ms", t),
+        )
     if t == "ping":
         return Ping(_int(msg, "id", t, 0, 2**31), _num(msg["client_ms"], "ping.client_ms", t))
     return _parse_prompt(msg, present)
@@ -217,7 +230,9 @@ def _parse_prompt(msg: dict[str, Any], present: set[str]) -> PromptMsg:
         if not isinstance(raw, list):
             raise ProtocolError("bad_message", "prompt.points must be a list of [x, y] pairs", t)
         if len(raw) > MAX_POINTS:
-            raise ProtocolError("out_of_range", f"prompt.points has {len(raw)} points; at most {MAX_POINTS}", t)
+            raise ProtocolError(
+                "out_of_range", f"prompt.points has {len(raw)} points; at most {MAX_POINTS}", t
+            )
         for i, p in enumerate(raw):
             if not isinstance(p, list) or len(p) != 2:
                 raise ProtocolError("bad_message", f"prompt.points[{i}] must be an [x, y] pair", t)
@@ -226,11 +241,16 @@ def _parse_prompt(msg: dict[str, Any], present: set[str]) -> PromptMsg:
     if "labels" in present:
         raw = msg["labels"]
         if not isinstance(raw, list) or len(raw) != len(points):
-            raise ProtocolError("bad_message", f"prompt.labels must be a list of {len(points)} labels (0 or 1), "
-                                               f"one per point", t)
+            raise ProtocolError(
+                "bad_message",
+                f"prompt.labels must be a list of {len(points)} labels (0 or 1), one per point",
+                t,
+            )
         for i, lab in enumerate(raw):
             if isinstance(lab, bool) or lab not in (0, 1):
-                raise ProtocolError("bad_message", f"prompt.labels[{i}] must be 0 (negative) or 1 (positive)", t)
+                raise ProtocolError(
+                    "bad_message", f"prompt.labels[{i}] must be 0 (negative) or 1 (positive)", t
+                )
         labels = [int(v) for v in raw]
     box = None
     if "box" in present:
@@ -248,18 +268,13 @@ def _parse_prompt(msg: dict[str, Any], present: set[str]) -> PromptMsg:
 
 def check_prompt_range(p: PromptMsg, width: int, height: int) -> None:
     """Raise ``out_of_range`` when a point or the box lies outside a ``width`` x ``height`` frame."""
-    for i, (x, y) in enumerate(p.points):
-        if not (0 <= x < width and 0 <= y < height):
-            raise ProtocolError("out_of_range", f"prompt.points[{i}] ({x:g}, {y:g}) is outside the {width}x{height} "
-                                                f"frame (x 0..{width - 1}, y 0..{height - 1})", "prompt")
-    if p.box is not None:
-        x0, y0, x1, y1 = p.box
-        if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
-            raise ProtocolError("out_of_range", f"prompt.box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is outside the "
-                                                f"{width}x{height} frame", "prompt")
+    problem = outside_frame(p.points, p.box, width, height)
+    if problem is not None:
+        raise ProtocolError("out_of_range", f"prompt: {problem}", "prompt")
 
 
 # -- encoding ------------------------------------------------------------------------------------------------------
+
 
 def encode(message: dict[str, Any]) -> bytes:
     """One msgpack map (binary frame) for ``message``."""
@@ -270,38 +285,29 @@ def error(code: str, message: str, ref: str | None = None) -> bytes:
     return encode({"t": "error", "code": code, "message": message, "ref": ref})
 
 
-@dataclass(frozen=True)
-class PackedFrame:
-    """A frame message packed once for every client, minus ``sent_ms`` which each client's sender appends.
-
-    ``body`` holds the msgpack key/value pairs of ``count`` entries; :meth:`finish` prefixes a map header for
-    ``count + 1`` entries and appends ``sent_ms``.  ``seq``/``index`` are kept for the sender's bookkeeping.
-    """
-
-    seq: int
-    index: int
-    body: bytes
-    count: int
-    capture_ms: float
-
-    @classmethod
-    def pack(cls, fields: dict[str, Any]) -> PackedFrame:
-        packer = msgpack.Packer(use_bin_type=True)
-        body = b"".join(packer.pack(k) + packer.pack(v) for k, v in fields.items())
-        return cls(int(fields["seq"]), int(fields["index"]), body, len(fields), float(fields.get("capture_ms", 0.0)))
-
-    def finish(self, sent_ms: float) -> bytes:
-        n = self.count + 1
-        header = bytes([0x80 | n]) if n < 16 else b"\xde" + n.to_bytes(2, "big")
-        return header + self.body + msgpack.packb("sent_ms") + msgpack.packb(float(sent_ms))
-
-    def __len__(self) -> int:
-        return len(self.body) + 16
-
-
 __all__ = [
-    "Ack", "ClientMessage", "EXPORT_FORMATS", "Export", "Hello", "MAX_INFLIGHT", "MAX_OBJ_ID", "MAX_POINTS",
-    "MESSAGE_TYPES", "Open", "PROTOCOL_VERSION", "PackedFrame", "Ping", "PromptMsg", "ProtocolError", "Remove",
-    "SUPPORTED_VERSIONS", "Seek", "Simple", "Watch", "check_prompt_range", "decode", "encode", "error",
+    "Ack",
+    "ClientMessage",
+    "EXPORT_FORMATS",
+    "Export",
+    "Hello",
+    "MAX_INFLIGHT",
+    "MAX_OBJ_ID",
+    "MAX_POINTS",
+    "MESSAGE_TYPES",
+    "Open",
+    "PROTOCOL_VERSION",
+    "Ping",
+    "PromptMsg",
+    "ProtocolError",
+    "Remove",
+    "SUPPORTED_VERSIONS",
+    "Seek",
+    "Simple",
+    "Watch",
+    "check_prompt_range",
+    "decode",
+    "encode",
+    "error",
     "parse_client_message",
 ]

@@ -30,13 +30,30 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from vostream.pipeline.errors import ConfigError, VostreamError
 from vostream.pipeline.apps.serve.media import list_sources, resolve_source
 from vostream.pipeline.apps.serve.protocol import (
-    EXPORT_FORMATS, MAX_INFLIGHT, MAX_POINTS, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Ack, Export, Hello, Open, Ping,
-    PromptMsg, ProtocolError, Remove, Seek, Simple, Watch, encode, parse_client_message,
+    EXPORT_FORMATS,
+    MAX_INFLIGHT,
+    MAX_POINTS,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    Ack,
+    Export,
+    Hello,
+    Open,
+    Ping,
+    PromptMsg,
+    ProtocolError,
+    Remove,
+    Seek,
+    Simple,
+    Watch,
+    encode,
+    parse_client_message,
 )
 from vostream.pipeline.apps.serve.session import Session, SessionOptions, TrackerCache
+from vostream.pipeline.errors import ConfigError, VostreamError
+from vostream.pipeline.version import package_version
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +92,9 @@ class ServerConfig:
     allow_origins: tuple[str, ...] = ()
     allow_hosts: tuple[str, ...] = ()
     allow_urls: tuple[str, ...] = ()
-    allow_exact_urls: tuple[str, ...] = ()  # `vostream serve rtsp://...`: exactly that URL (and no other) may open
+    allow_exact_urls: tuple[
+        str, ...
+    ] = ()  # `vostream serve rtsp://...`: exactly that URL (and no other) may open
     max_message_bytes: int = 64 * 1024
     max_rate: float = 100.0  # client messages per second (burst: 2 s worth)
     inflight: int = 2
@@ -85,8 +104,10 @@ class ServerConfig:
 
     def check(self) -> None:
         if not is_loopback(self.host) and not self.token:
-            raise ConfigError(f"binding to {self.host!r} (not loopback) requires --token: anyone who can reach the "
-                              f"port could open files under the media root and watch sessions")
+            raise ConfigError(
+                f"binding to {self.host!r} (not loopback) requires --token: anyone who can reach the "
+                f"port could open files under the media root and watch sessions"
+            )
         if self.token is not None and len(self.token) < 8:
             raise ConfigError("--token must be at least 8 characters")
         if not 0 <= self.port <= 65535:
@@ -157,13 +178,23 @@ class ViewerServer:
 
         self.loop = asyncio.get_running_loop()
         try:
-            self._server = await serve(self._handler, self.config.host, self.config.port,
-                                       process_request=self._process_request, max_size=self.config.max_message_bytes,
-                                       max_queue=16, compression=None, ping_interval=20, ping_timeout=20,
-                                       server_header="vostream")
+            self._server = await serve(
+                self._handler,
+                self.config.host,
+                self.config.port,
+                process_request=self._process_request,
+                max_size=self.config.max_message_bytes,
+                max_queue=16,
+                compression=None,
+                ping_interval=20,
+                ping_timeout=20,
+                server_header="vostream",
+            )
         except OSError as exc:
-            raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {exc.strerror or exc}; "
-                              f"choose another --port") from exc
+            raise ConfigError(
+                f"cannot listen on {self.config.host}:{self.config.port}: {exc.strerror or exc}; "
+                f"choose another --port"
+            ) from exc
         self.port = self._server.sockets[0].getsockname()[1]
         self._stats_task = asyncio.create_task(self._stats_loop())
         logger.info("viewer at %s", self.url)
@@ -198,15 +229,28 @@ class ViewerServer:
         await asyncio.to_thread(self.trackers.close)
 
     # -- HTTP -------------------------------------------------------------------------------------------------
-    def _response(self, status: int, body: bytes | str, ctype: str = "text/plain; charset=utf-8",
-                  extra: list[tuple[str, str]] | None = None) -> Any:
+    def _response(
+        self,
+        status: int,
+        body: bytes | str,
+        ctype: str = "text/plain; charset=utf-8",
+        extra: list[tuple[str, str]] | None = None,
+    ) -> Any:
         from websockets.datastructures import Headers
         from websockets.http11 import Response
 
         data = body.encode() if isinstance(body, str) else body
-        headers = Headers([("Content-Type", ctype), ("Content-Length", str(len(data))),
-                           ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
-                           ("Referrer-Policy", "no-referrer"), ("Connection", "close")] + (extra or []))
+        headers = Headers(
+            [
+                ("Content-Type", ctype),
+                ("Content-Length", str(len(data))),
+                ("Cache-Control", "no-store"),
+                ("X-Content-Type-Options", "nosniff"),
+                ("Referrer-Policy", "no-referrer"),
+                ("Connection", "close"),
+            ]
+            + (extra or [])
+        )
         return Response(status, HTTPStatus(status).phrase, headers, data)
 
     def _token_ok(self, query: dict[str, list[str]]) -> bool:
@@ -231,7 +275,11 @@ class ViewerServer:
         if origin in self.config.allow_origins:
             return True
         parts = urlsplit(origin)
-        return parts.scheme in ("http", "https") and parts.netloc == (host_header or "") and self._host_ok(parts.netloc)
+        return (
+            parts.scheme in ("http", "https")
+            and parts.netloc == (host_header or "")
+            and self._host_ok(parts.netloc)
+        )
 
     def _process_request(self, connection: Any, request: Any) -> Any:
         url = urlsplit(request.path)
@@ -247,7 +295,9 @@ class ViewerServer:
                 return self._response(403, "missing or wrong token: open the URL vostream serve printed\n")
             if not self._origin_ok(request.headers.get("Origin"), host):
                 self.counters["refused_handshakes"] += 1
-                return self._response(403, "cross-origin WebSocket refused (Origin does not match this server)\n")
+                return self._response(
+                    403, "cross-origin WebSocket refused (Origin does not match this server)\n"
+                )
             if len(self.clients) >= self.config.max_clients:
                 return self._response(503, "too many clients; try again later\n")
             return None  # proceed with the WebSocket handshake
@@ -270,8 +320,10 @@ class ViewerServer:
         ctype = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
         if ctype.startswith("text/") or ctype.endswith("javascript"):
             ctype += "; charset=utf-8"
-        csp = ("default-src 'self'; img-src 'self' blob: data:; connect-src 'self' ws: wss:; "
-               "style-src 'self'; script-src 'self'; frame-ancestors 'none'")
+        csp = (
+            "default-src 'self'; img-src 'self' blob: data:; connect-src 'self' ws: wss:; "
+            "style-src 'self'; script-src 'self'; frame-ancestors 'none'"
+        )
         return self._response(200, file.read_bytes(), ctype, [("Content-Security-Policy", csp)])
 
     def _export_response(self, path: str) -> Any:
@@ -289,10 +341,21 @@ class ViewerServer:
         return self._response(200, session.exports[fmt].read_bytes(), ctype, [("Content-Disposition", disp)])
 
     def health(self) -> dict[str, Any]:
-        sessions = [{"session": s.id, "source": s.display, "alive": bool(s.pipeline and s.pipeline.running),
-                     "error": s.error} for s in list(self.sessions.values())]
-        return {"ok": all(s["error"] is None for s in sessions), "clients": len(self.clients),
-                "sessions": sessions, "tracker": self.config.session.backend}
+        sessions = [
+            {
+                "session": s.id,
+                "source": s.display,
+                "alive": bool(s.pipeline and s.pipeline.running),
+                "error": s.error,
+            }
+            for s in list(self.sessions.values())
+        ]
+        return {
+            "ok": all(s["error"] is None for s in sessions),
+            "clients": len(self.clients),
+            "sessions": sessions,
+            "tracker": self.config.session.backend,
+        }
 
     # -- WebSocket --------------------------------------------------------------------------------------------
     async def _handler(self, ws: Any) -> None:
@@ -382,16 +445,28 @@ class ViewerServer:
         if not self._rate_ok(client):
             if client.refused > 2 * self.config.max_rate:
                 client.closing = True
-                client.ws.protocol.send_binary(encode({"t": "error", "code": "rate_limited", "ref": None,
-                                                       "message": "flooding: closing the connection"}))
-                client.ws.protocol.send_close(1008, "rate limit exceeded")
-                client.ws.send_data()
+                await client.ws.send(
+                    encode(
+                        {
+                            "t": "error",
+                            "code": "rate_limited",
+                            "ref": None,
+                            "message": "flooding: closing the connection",
+                        }
+                    )
+                )
+                # close() sends the close frame and waits for the client's; the drain reads the rest of the
+                # flood meanwhile, so the closing handshake can complete (see _drain)
+                closing = asyncio.create_task(client.ws.close(1008, "rate limit exceeded"))
                 await self._drain(client)
+                await closing
                 return False
             now = time.monotonic()
             if now - client.last_refused_reply > 0.5:
                 client.last_refused_reply = now
-                self._error(client, "rate_limited", f"more than {self.config.max_rate:g} messages/s; slow down")
+                self._error(
+                    client, "rate_limited", f"more than {self.config.max_rate:g} messages/s; slow down"
+                )
             return True
         if isinstance(data, str):
             self._error(client, "bad_msgpack", "text frames are not accepted; send msgpack in binary frames")
@@ -419,8 +494,13 @@ class ViewerServer:
 
     async def _on_hello(self, client: _Client, msg: Hello) -> bool:
         if msg.v not in SUPPORTED_VERSIONS:
-            self._error(client, "version", f"protocol version {msg.v} is not supported; this server speaks "
-                                           f"{', '.join(map(str, SUPPORTED_VERSIONS))}", "hello")
+            self._error(
+                client,
+                "version",
+                f"protocol version {msg.v} is not supported; this server speaks "
+                f"{', '.join(map(str, SUPPORTED_VERSIONS))}",
+                "hello",
+            )
             await self._flush_and_close(client, 1002, "unsupported protocol version")
             return False
         from vostream.sinks.websocket import ClientSlot
@@ -431,16 +511,28 @@ class ViewerServer:
         inflight = min(msg.inflight or self.config.inflight, MAX_INFLIGHT)
         client.slot = ClientSlot(inflight, wake=_waker(loop, client.wake))
         sources = await asyncio.to_thread(list_sources, self.media_root)
-        self._send(client, {
-            "t": "hello", "v": PROTOCOL_VERSION, "server": f"vostream {_version()}",
-            "caps": {"versions": list(SUPPORTED_VERSIONS), "backend": self.config.session.backend,
-                     "max_objects": self.config.session.max_objects, "max_points": MAX_POINTS,
-                     "max_message_bytes": self.config.max_message_bytes, "max_rate": self.config.max_rate,
-                     "inflight": inflight, "export": list(EXPORT_FORMATS),
-                     "jpeg_quality": self.config.session.jpeg_quality},
-            "sources": sources, "default_source": self.config.default_source,
-            "sessions": [{"session": s.id, "source": s.display} for s in self.sessions.values()],
-        })
+        self._send(
+            client,
+            {
+                "t": "hello",
+                "v": PROTOCOL_VERSION,
+                "server": f"vostream {package_version()}",
+                "caps": {
+                    "versions": list(SUPPORTED_VERSIONS),
+                    "backend": self.config.session.backend,
+                    "max_objects": self.config.session.max_objects,
+                    "max_points": MAX_POINTS,
+                    "max_message_bytes": self.config.max_message_bytes,
+                    "max_rate": self.config.max_rate,
+                    "inflight": inflight,
+                    "export": list(EXPORT_FORMATS),
+                    "jpeg_quality": self.config.session.jpeg_quality,
+                },
+                "sources": sources,
+                "default_source": self.config.default_source,
+                "sessions": [{"session": s.id, "source": s.display} for s in self.sessions.values()],
+            },
+        )
         return True
 
     async def _dispatch(self, client: _Client, msg: Any) -> None:
@@ -449,7 +541,10 @@ class ViewerServer:
                 client.slot.ack(msg.seq, msg.draw_ms)
             return
         if isinstance(msg, Ping):
-            self._send(client, {"t": "pong", "id": msg.id, "client_ms": msg.client_ms, "server_ms": time.time() * 1000})
+            self._send(
+                client,
+                {"t": "pong", "id": msg.id, "client_ms": msg.client_ms, "server_ms": time.time() * 1000},
+            )
             return
         if isinstance(msg, Hello):
             raise ProtocolError("bad_message", "hello was already received", "hello")
@@ -474,8 +569,15 @@ class ViewerServer:
         elif isinstance(msg, Export):
             path, frames = await asyncio.to_thread(session.export, msg.format)
             token = f"?token={self.config.token}" if self.config.token else ""
-            self._send(client, {"t": "export", "format": msg.format, "frames": frames,
-                                "url": f"/export/{session.id}/{path.name}{token}"})
+            self._send(
+                client,
+                {
+                    "t": "export",
+                    "format": msg.format,
+                    "frames": frames,
+                    "url": f"/export/{session.id}/{path.name}{token}",
+                },
+            )
             return
         elif isinstance(msg, Simple):
             if msg.t == "close":
@@ -486,12 +588,16 @@ class ViewerServer:
         self._broadcast_state(session)
 
     async def _open(self, client: _Client, msg: Open) -> None:
-        path, display = resolve_source(self.media_root, msg.source, self.config.allow_urls,
-                                       self.config.allow_exact_urls)
+        path, display = resolve_source(
+            self.media_root, msg.source, self.config.allow_urls, self.config.allow_exact_urls
+        )
         owned = sum(1 for s in self.sessions.values() if not s.ended)
         if owned >= self.config.max_sessions and not (client.owner and client.session):
-            raise ProtocolError("out_of_range", f"this server runs at most {self.config.max_sessions} sessions; "
-                                                "close one first", "open")
+            raise ProtocolError(
+                "out_of_range",
+                f"this server runs at most {self.config.max_sessions} sessions; close one first",
+                "open",
+            )
         loop = self.loop
         assert loop is not None
         holder: dict[str, Session] = {}
@@ -540,8 +646,7 @@ class ViewerServer:
 
             loop = self.loop
             assert loop is not None
-            client.slot = ClientSlot(client.slot.inflight_limit,
-                                     wake=_waker(loop, client.wake))
+            client.slot = ClientSlot(client.slot.inflight_limit, wake=_waker(loop, client.wake))
         members = self._session_clients.get(session.id, set())
         members.discard(client.cid)
         if client.owner:
@@ -584,23 +689,34 @@ class ViewerServer:
                 snap = session.pipeline.metrics()
                 cs = client.slot.stats()
                 viewer = next((n for n in snap.nodes if n.name == "viewer"), None)
-                self._send(client, {
-                    "t": "stats", "fps": {n.name: round(n.fps, 2) for n in snap.nodes},
-                    "latency_ms": cs["latency_ms"], "drops": cs["drops"], "sent": cs["sent"],
-                    "inflight": cs["inflight"], "queues": {n.name: n.queue_depth for n in snap.nodes},
-                    "server_ms": {"p50": viewer.latency_ms_p50 if viewer else 0.0,
-                                  "p95": viewer.latency_ms_p95 if viewer else 0.0},
-                    **({"source": session.source_stats()} if session.live else {}),
-                })
+                self._send(
+                    client,
+                    {
+                        "t": "stats",
+                        "fps": {n.name: round(n.fps, 2) for n in snap.nodes},
+                        "latency_ms": cs["latency_ms"],
+                        "drops": cs["drops"],
+                        "sent": cs["sent"],
+                        "inflight": cs["inflight"],
+                        "queues": {n.name: n.queue_depth for n in snap.nodes},
+                        "server_ms": {
+                            "p50": viewer.latency_ms_p50 if viewer else 0.0,
+                            "p95": viewer.latency_ms_p95 if viewer else 0.0,
+                        },
+                        **({"source": session.source_stats()} if session.live else {}),
+                    },
+                )
 
 
 def _waker(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> Any:
     """A thread-safe ``event.set`` for pipeline threads; a no-op once the loop has closed."""
+
     def wake() -> None:
         try:
             loop.call_soon_threadsafe(event.set)
         except RuntimeError:
             pass
+
     return wake
 
 
@@ -614,6 +730,7 @@ class _Collector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         families: dict[str, Any] = {}
+        names: dict[str, list[str]] = {}  # each family's label names, in the order its values are given
         for session in list(self.server.sessions.values()):
             if session.pipeline is None:
                 continue
@@ -622,14 +739,18 @@ class _Collector:
                 key = name
                 if key not in families:
                     if name.endswith("_total"):
-                        families[key] = CounterMetricFamily(name[:-6], f"pipeline node {name[:-6]}",
-                                                            labels=sorted(labels))
+                        families[key] = CounterMetricFamily(
+                            name[:-6], f"pipeline node {name[:-6]}", labels=sorted(labels)
+                        )
                     else:
-                        families[key] = GaugeMetricFamily(name, f"pipeline node {name}", labels=sorted(labels))
+                        families[key] = GaugeMetricFamily(
+                            name, f"pipeline node {name}", labels=sorted(labels)
+                        )
+                    names[key] = sorted(labels)
                 fam = families[key]
-                if sorted(labels) != list(fam._labelnames):
+                if sorted(labels) != names[key]:
                     continue
-                fam.add_metric([labels[k] for k in fam._labelnames], value)
+                fam.add_metric([labels[k] for k in names[key]], value)
         yield from families.values()
         clients = GaugeMetricFamily("vostream_viewer_clients", "connected viewer clients")
         clients.add_metric([], len(self.server.clients))
@@ -637,10 +758,14 @@ class _Collector:
         sessions = GaugeMetricFamily("vostream_viewer_sessions", "open viewer sessions")
         sessions.add_metric([], len(self.server.sessions))
         yield sessions
-        drops = CounterMetricFamily("vostream_viewer_client_drops", "frames a client skipped (latest-wins)",
-                                    labels=["client"])
-        glass = GaugeMetricFamily("vostream_viewer_glass_to_glass_ms", "capture to drawn in the browser",
-                                  labels=["client", "quantile"])
+        drops = CounterMetricFamily(
+            "vostream_viewer_client_drops", "frames a client skipped (latest-wins)", labels=["client"]
+        )
+        glass = GaugeMetricFamily(
+            "vostream_viewer_glass_to_glass_ms",
+            "capture to drawn in the browser",
+            labels=["client", "quantile"],
+        )
         for client in list(self.server.clients.values()):
             if client.slot is None:
                 continue
@@ -652,15 +777,6 @@ class _Collector:
                     glass.add_metric([str(client.cid), q], v)
         yield drops
         yield glass
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("vostream")
-    except Exception:  # noqa: BLE001 - not installed as a distribution
-        return "unknown"
 
 
 class ServerThread:
@@ -704,8 +820,10 @@ class ServerThread:
 
     def call(self, fn: Any, timeout: float = 10.0) -> Any:
         """Run ``fn()`` on the server's loop and return its result (inspect state from tests)."""
+
         async def run() -> Any:
             return fn()
+
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
 
     def stop(self) -> None:
@@ -747,23 +865,46 @@ def run_server(config: ServerConfig) -> int:
 
 def add_serve_parser(sub: Any, add_common: Any) -> None:
     """The ``serve`` subcommand (called by :func:`vostream.pipeline.apps.cli.build_parser`)."""
-    p = sub.add_parser("serve", help="browser viewer: click an object, watch it tracked live",
-                       description="Serves the viewer (web/) and its WebSocket on one port; open the printed URL. "
-                                   "docs/viewer.md has the details.")
-    p.add_argument("source", nargs="?", help="video file or frames directory opened when the page loads "
-                                             "(must lie under --media-root; default root: its folder), or a "
-                                             "stream URL (rtsp://, http(s)://: that URL is allowed)")
+    p = sub.add_parser(
+        "serve",
+        help="browser viewer: click an object, watch it tracked live",
+        description="Serves the viewer (web/) and its WebSocket on one port; open the printed URL. "
+        "docs/viewer.md has the details.",
+    )
+    p.add_argument(
+        "source",
+        nargs="?",
+        help="video file or frames directory opened when the page loads "
+        "(must lie under --media-root; default root: its folder), or a "
+        "stream URL (rtsp://, http(s)://: that URL is allowed)",
+    )
     p.add_argument("--backend", default="classic", help="tracker backend (default classic)")
     p.add_argument("--model", metavar="DIR", help="model directory for neural backends")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need --token)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need --token)"
+    )
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
-    p.add_argument("--media-root", metavar="DIR", help="only sources under DIR may be opened (default: the "
-                                                        "SOURCE's folder, else the current directory)")
+    p.add_argument(
+        "--media-root",
+        metavar="DIR",
+        help="only sources under DIR may be opened (default: the "
+        "SOURCE's folder, else the current directory)",
+    )
     p.add_argument("--token", help="secret required on the WebSocket, /metrics and exports (?token=...)")
-    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
-                   help="extra allowed Origin for the WebSocket (repeatable)")
-    p.add_argument("--allow-url", action="append", default=[], metavar="PREFIX",
-                   help="stream URLs starting with PREFIX may be opened (repeatable; none by default)")
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="extra allowed Origin for the WebSocket (repeatable)",
+    )
+    p.add_argument(
+        "--allow-url",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="stream URLs starting with PREFIX may be opened (repeatable; none by default)",
+    )
     p.add_argument("--out", metavar="DIR", help="also write each session's outputs under DIR/<session>/")
     p.add_argument("--max-objects", type=int, default=8, help="objects per session (default 8)")
     p.add_argument("--fps", type=float, default=25.0, help="playback rate of frames directories (default 25)")
@@ -796,12 +937,32 @@ def serve_config(args: Any) -> ServerConfig:
     options: dict[str, Any] = {}
     if args.model:
         options["model"] = args.model
-    return ServerConfig(host=args.host, port=args.port, media_root=root or ".", default_source=source,
-                        token=args.token, allow_origins=tuple(args.allow_origin), allow_urls=tuple(args.allow_url),
-                        allow_exact_urls=exact,
-                        session=SessionOptions(backend=args.backend, tracker_options=options,
-                                               max_objects=args.max_objects, fps=args.fps, out_dir=args.out))
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        media_root=root or ".",
+        default_source=source,
+        token=args.token,
+        allow_origins=tuple(args.allow_origin),
+        allow_urls=tuple(args.allow_url),
+        allow_exact_urls=exact,
+        session=SessionOptions(
+            backend=args.backend,
+            tracker_options=options,
+            max_objects=args.max_objects,
+            fps=args.fps,
+            out_dir=args.out,
+        ),
+    )
 
 
-__all__ = ["ServerConfig", "ServerThread", "ViewerServer", "add_serve_parser", "cmd_serve", "is_loopback",
-           "run_server", "serve_config"]
+__all__ = [
+    "ServerConfig",
+    "ServerThread",
+    "ViewerServer",
+    "add_serve_parser",
+    "cmd_serve",
+    "is_loopback",
+    "run_server",
+    "serve_config",
+]

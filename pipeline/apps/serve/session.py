@@ -23,17 +23,25 @@ import tempfile
 import threading
 import time
 import zipfile
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from vostream.pipeline.apps.assemble import assemble_track
+from vostream.pipeline.apps.serve.protocol import PromptMsg, ProtocolError, check_prompt_range
 from vostream.pipeline.engine import Pipeline
 from vostream.pipeline.errors import ConfigError, VostreamError
-from vostream.pipeline.apps.serve.protocol import ProtocolError, PromptMsg, check_prompt_range
 from vostream.pipeline.stage import Source
-from vostream.pipeline.types import Frame, Prompt, TrackResult
+from vostream.pipeline.types import Frame, Prompt, RemoveObject, ResetTracker, TrackResult
+from vostream.sinks import build_file_sinks
+from vostream.sinks.png import PngSinkSpec
+from vostream.sinks.vis_json import VisJsonSinkSpec
+from vostream.sinks.websocket import AnnotationRecord, FrameHub, ViewerSinkSpec, decode_rle_counts
+from vostream.stages.sources import FrameDirSource, is_live_uri, open_source
+from vostream.stages.trackers import load_tracker
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +56,16 @@ class ControllableSource(Source[Frame]):
     frozen frame replays it like on a file.  No seek.
     """
 
-    def __init__(self, factory: Callable[[int], Source[Frame]], first: Source[Frame], *, fps: float,
-                 length: int | None, live: bool = False, on_state: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        factory: Callable[[int], Source[Frame]],
+        first: Source[Frame],
+        *,
+        fps: float,
+        length: int | None,
+        live: bool = False,
+        on_state: Callable[[], None] | None = None,
+    ) -> None:
         self._factory = factory
         self._inner: Source[Frame] | None = first
         self.period = 1.0 / fps if fps and fps > 0 else 1.0 / 25.0
@@ -134,7 +150,9 @@ class ControllableSource(Source[Frame]):
                         self._replay = False
                         return self._copy_last()
                     now = time.monotonic()
-                    if not self.ended and (self._budget > 0 or (self.playing and (self.live or now >= self._next_due))):
+                    if not self.ended and (
+                        self._budget > 0 or (self.playing and (self.live or now >= self._next_due))
+                    ):
                         target = None
                         break
                     if self.live:  # paused live feed: drain it (below), never let it queue up in the socket
@@ -199,8 +217,13 @@ class ControllableSource(Source[Frame]):
 
     def stats(self) -> dict[str, Any]:
         inner = self._inner.stats() if self._inner is not None else {}
-        return {**inner, "index": self.index, "playing": int(self.playing), "ended": int(self.ended),
-                "paused_drops": self.drained}
+        return {
+            **inner,
+            "index": self.index,
+            "playing": int(self.playing),
+            "ended": int(self.ended),
+            "paused_drops": self.drained,
+        }
 
 
 class TrackerCache:
@@ -216,8 +239,6 @@ class TrackerCache:
         self._closed = False
 
     def get(self) -> Any:
-        from vostream.stages.trackers import load_tracker
-
         with self._lock:
             if self._closed:
                 raise ConfigError("the server is shutting down")
@@ -245,15 +266,34 @@ class SessionOptions:
     fps: float = 25.0  # frames directories (no rate of their own)
     out_dir: str | None = None  # when set, each session also writes file sinks under out_dir/<session>/
     save: tuple[str, ...] = ("json", "mot")
-    queue_size: int = 1  # interactive: a short pipeline keeps glass-to-glass latency low (block edges stay lossless)
+    queue_size: int = (
+        1  # interactive: a short pipeline keeps glass-to-glass latency low (block edges stay lossless)
+    )
+
+    def __post_init__(self) -> None:
+        """Every value is checked here, so no server can be built with a bad one (``--max-objects 0``)."""
+        if not 1 <= self.max_objects <= 255:
+            raise ConfigError(f"max objects must be 1..255 (one PNG label each), got {self.max_objects}")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ConfigError(f"JPEG quality must be 1..100, got {self.jpeg_quality}")
+        if not (self.fps > 0 and self.fps < 1000):
+            raise ConfigError(f"fps must be > 0 and < 1000, got {self.fps}")
+        if self.queue_size < 1:
+            raise ConfigError(f"queue size must be >= 1, got {self.queue_size}")
 
 
 class Session:
     """One opened source and its pipeline.  ``notify(kind)`` is called (from pipeline threads) with ``"state"``
     when playback state changes and ``"end"`` when the pipeline ended (``self.error`` holds a failure)."""
 
-    def __init__(self, source: str, display: str, options: SessionOptions,
-                 notify: Callable[[str], None] | None, trackers: TrackerCache) -> None:
+    def __init__(
+        self,
+        source: str,
+        display: str,
+        options: SessionOptions,
+        notify: Callable[[str], None] | None,
+        trackers: TrackerCache,
+    ) -> None:
         self.trackers = trackers  # the server's tracker, shared by its sessions; the server releases it
         self.id = secrets.token_urlsafe(6)
         self.source_path = source
@@ -272,7 +312,6 @@ class Session:
         self._lock = threading.Lock()
         self.pipeline: Pipeline | None = None
         self.control: ControllableSource | None = None
-        from vostream.sinks.websocket import AnnotationRecord, FrameHub
 
         self.hub = FrameHub()
         self.record = AnnotationRecord()
@@ -281,13 +320,6 @@ class Session:
     def open(self) -> None:
         """Open the source and start the pipeline (blocking: run in a worker thread).  Raises
         :class:`VostreamError` subclasses (``SourceError`` for a bad file)."""
-        from vostream.sinks import build_file_sinks
-        from vostream.sinks.websocket import ViewerSinkSpec
-        from vostream.stages.sources.decode import FrameDirSource, is_live_uri, open_source
-        from vostream.stages.postprocess import PostprocessStage
-        from vostream.stages.preprocess import PreprocessStage
-        from vostream.stages.track import TrackStage
-
         path = self.source_path
         self.live = is_live_uri(path)
         is_dir = os.path.isdir(path)
@@ -303,26 +335,43 @@ class Session:
             return src
 
         first = factory(0)
-        self.width, self.height = int(getattr(first, "width")), int(getattr(first, "height"))
+        self.width, self.height = int(getattr(first, "width")), int(getattr(first, "height"))  # noqa: B009
         self.fps = float(getattr(first, "fps", 0.0) or self.options.fps)
         self.frames = first.length
         if isinstance(first, FrameDirSource):
             self.fps = self.options.fps
-        self.control = ControllableSource(factory, first, fps=self.fps, length=self.frames, live=self.live,
-                                          on_state=lambda: self.notify("state"))
+        self.control = ControllableSource(
+            factory,
+            first,
+            fps=self.fps,
+            length=self.frames,
+            live=self.live,
+            on_state=lambda: self.notify("state"),
+        )
         supervisor = getattr(first, "supervisor", None)
-        if supervisor is not None:  # a live feed: its state changes (reconnecting, running, ...) reach the clients
+        if (
+            supervisor is not None
+        ):  # a live feed: its state changes (reconnecting, running, ...) reach the clients
             supervisor.add_listener(lambda event: self.notify("state"))
         tracker = self.trackers.get()  # shared by the server's sessions: the server releases it
-        stages = [PreprocessStage(tracker.input_spec, ring=3 * self.options.queue_size + 8), TrackStage(tracker),
-                  PostprocessStage()]
-        sinks: list[Any] = [ViewerSinkSpec(self.hub, session=self.id, jpeg_quality=self.options.jpeg_quality,
-                                           record=None if self.live else self.record)]
+        sinks: list[Any] = [
+            ViewerSinkSpec(
+                self.hub,
+                session=self.id,
+                jpeg_quality=self.options.jpeg_quality,
+                record=None if self.live else self.record,
+            )
+        ]
         if self.options.out_dir:
-            sinks += build_file_sinks(Path(self.options.out_dir) / self.id, self.options.save,
-                                      fps=self.fps, source_name=self.display)
-        self.pipeline = Pipeline(self.control, stages, sinks, queue_size=self.options.queue_size,
-                                 name=f"session-{self.id}")
+            sinks += build_file_sinks(
+                Path(self.options.out_dir) / self.id,
+                self.options.save,
+                fps=self.fps,
+                source_name=self.display,
+            )
+        self.pipeline = assemble_track(
+            self.control, tracker, sinks, queue_size=self.options.queue_size, name=f"session-{self.id}"
+        )
         self.pipeline.start()
         threading.Thread(target=self._watch, daemon=True, name=f"vostream-session-{self.id}").start()
 
@@ -361,7 +410,9 @@ class Session:
     def _file_only(self, what: str) -> ControllableSource:
         src = self._src()
         if src.live:
-            raise ProtocolError("unsupported", f"{what} needs a file or frames directory, not a live stream", what)
+            raise ProtocolError(
+                "unsupported", f"{what} needs a file or frames directory, not a live stream", what
+            )
         return src
 
     def play(self) -> None:
@@ -376,9 +427,11 @@ class Session:
     def seek(self, frame: int) -> None:
         src = self._file_only("seek")
         if self.frames is not None and frame >= self.frames:
-            raise ProtocolError("out_of_range", f"seek.frame {frame} is past the end ({self.frames} frames, "
-                                                f"0..{self.frames - 1})", "seek")
-        from vostream.stages.track import ResetTracker
+            raise ProtocolError(
+                "out_of_range",
+                f"seek.frame {frame} is past the end ({self.frames} frames, 0..{self.frames - 1})",
+                "seek",
+            )
 
         assert self.pipeline is not None
         self.pipeline.send_control(ResetTracker(frame))
@@ -398,16 +451,25 @@ class Session:
         src = self._src()
         check_prompt_range(p, self.width, self.height)
         if src.index >= 0 and p.frame > src.index:
-            raise ProtocolError("out_of_range", f"prompt.frame {p.frame} has not been shown yet (last frame "
-                                                f"{src.index})", "prompt")
+            raise ProtocolError(
+                "out_of_range",
+                f"prompt.frame {p.frame} has not been shown yet (last frame {src.index})",
+                "prompt",
+            )
         with self._lock:
             new = p.obj not in self.objects
             if new and len(self.objects) >= self.options.max_objects:
-                raise ProtocolError("too_many_objects", f"at most {self.options.max_objects} objects per session; "
-                                                        f"remove one first", "prompt")
+                raise ProtocolError(
+                    "too_many_objects",
+                    f"at most {self.options.max_objects} objects per session; remove one first",
+                    "prompt",
+                )
             if new and p.box is None and 1 not in p.labels:
-                raise ProtocolError("unknown_object", f"object {p.obj} is not tracked yet: start it with a "
-                                                      f"positive click or a box", "prompt")
+                raise ProtocolError(
+                    "unknown_object",
+                    f"object {p.obj} is not tracked yet: start it with a positive click or a box",
+                    "prompt",
+                )
             self.objects.add(p.obj)
         frame, replay = self._target_frame(p.frame)
         pts = np.asarray(p.points, np.float32).reshape(-1, 2)
@@ -418,19 +480,18 @@ class Session:
             self._replay_after(receipt)
 
     def remove(self, obj: int) -> None:
-        from vostream.stages.track import RemoveObject
-
         self._src()
         with self._lock:
             if obj not in self.objects:
-                raise ProtocolError("unknown_object", f"object {obj} is not tracked; known: "
-                                                      f"{sorted(self.objects) or 'none'}", "remove")
+                raise ProtocolError(
+                    "unknown_object",
+                    f"object {obj} is not tracked; known: {sorted(self.objects) or 'none'}",
+                    "remove",
+                )
             self.objects.discard(obj)
         self._control_now(lambda f: RemoveObject(obj, f))
 
     def reset(self) -> None:
-        from vostream.stages.track import ResetTracker
-
         self._src()
         with self._lock:
             self.objects.clear()
@@ -460,9 +521,15 @@ class Session:
         src = self.control
         with self._lock:
             objects = sorted(self.objects)
-        out = {"t": "state", "playing": bool(src and src.playing), "ended": bool(src and src.ended),
-               "index": src.index if src else -1, "frames": self.frames, "objects": objects,
-               "watchers": max(0, len(self.hub) - 1)}
+        out = {
+            "t": "state",
+            "playing": bool(src and src.playing),
+            "ended": bool(src and src.ended),
+            "index": src.index if src else -1,
+            "frames": self.frames,
+            "objects": objects,
+            "watchers": max(0, len(self.hub) - 1),
+        }
         if self.live:
             out["source"] = self.source_stats()
         return out
@@ -475,22 +542,31 @@ class Session:
         if src is None or not self.live:
             return {}
         stats = src.stats()
-        return {k: stats[k] for k in ("state", "reconnects", "disconnects", "stalls", "frames", "paused_drops")
-                if k in stats}
+        return {
+            k: stats[k]
+            for k in ("state", "reconnects", "disconnects", "stalls", "frames", "paused_drops")
+            if k in stats
+        }
 
     def opened(self, watcher: bool) -> dict[str, Any]:
-        return {"t": "opened", "session": self.id, "source": self.display, "width": self.width,
-                "height": self.height, "fps": self.fps, "frames": self.frames, "seekable": not self.live,
-                "live": self.live, "watcher": watcher}
+        return {
+            "t": "opened",
+            "session": self.id,
+            "source": self.display,
+            "width": self.width,
+            "height": self.height,
+            "fps": self.fps,
+            "frames": self.frames,
+            "seekable": not self.live,
+            "live": self.live,
+            "watcher": watcher,
+        }
 
     def export(self, fmt: str) -> tuple[Path, int]:
         """Write the annotations recorded so far as ``annotations.json`` (YouTube-VIS, COCO RLE) or ``masks.zip``
         (DAVIS palette PNGs) with the file sinks' own code.  Blocking: run in a worker thread."""
         if self.live:
             raise ProtocolError("unsupported", "export needs a file or frames-directory session", "export")
-        from vostream.sinks.png import PngSinkSpec
-        from vostream.sinks.vis_json import VisJsonSinkSpec
-        from vostream.sinks.websocket import decode_rle_counts
 
         items = self.record.items()
         if not items:
@@ -498,8 +574,11 @@ class Session:
         if self.export_dir is None:
             self.export_dir = Path(tempfile.mkdtemp(prefix=f"vostream-export-{self.id}-"))
         work = Path(tempfile.mkdtemp(dir=self.export_dir))
-        spec: Any = (VisJsonSinkSpec(work / "annotations.json", video_name=self.display) if fmt == "json"
-                     else PngSinkSpec(work / "masks"))
+        spec: Any = (
+            VisJsonSinkSpec(work / "annotations.json", video_name=self.display)
+            if fmt == "json"
+            else PngSinkSpec(work / "masks")
+        )
         sink = spec.build()
         try:
             sink.open()
@@ -511,9 +590,15 @@ class Session:
                     if r[4] is not None:
                         masks[i] = decode_rle_counts(r[4], rec.height, rec.width)
                     rles.append({"size": [rec.height, rec.width], "counts": r[4] or ""})
-                result = TrackResult(index, np.asarray(ids), np.asarray([r[1] for r in rec.rows]),
-                                     np.asarray([r[2] for r in rec.rows]), np.asarray([r[3] for r in rec.rows]),
-                                     masks=masks, rles=rles)
+                result = TrackResult(
+                    index,
+                    np.asarray(ids),
+                    np.asarray([r[1] for r in rec.rows]),
+                    np.asarray([r[2] for r in rec.rows]),
+                    np.asarray([r[3] for r in rec.rows]),
+                    masks=masks,
+                    rles=rles,
+                )
                 image = np.broadcast_to(np.zeros((1, 1, 3), np.uint8), (rec.height, rec.width, 3))
                 sink.write(Frame(index, image, source_id=self.display, result=result))
         finally:
@@ -531,12 +616,6 @@ class Session:
         shutil.rmtree(work, ignore_errors=True)
         self.exports[fmt] = target
         return target, len(items)
-
-
-def check_options(options: SessionOptions) -> SessionOptions:
-    if options.max_objects < 1 or options.max_objects > 255:
-        raise ConfigError(f"max_objects must be 1..255, got {options.max_objects}")
-    return replace(options)
 
 
 __all__ = ["ControllableSource", "Session", "SessionOptions"]

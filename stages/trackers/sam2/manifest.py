@@ -7,6 +7,7 @@ manifest from a newer format with a clear "upgrade vostream" error instead of mi
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,13 @@ class GraphSpec:
     @classmethod
     def from_json(cls, name: str, d: dict[str, Any]) -> GraphSpec:
         shrink = {str(k): (int(v[0]), str(v[1])) for k, v in dict(d.get("shrinkable") or {}).items()}
-        return cls(name, str(d["file"]), tuple(TensorSpec.from_json(t) for t in d["inputs"]),
-                   tuple(TensorSpec.from_json(t) for t in d["outputs"]), shrink)
+        return cls(
+            name,
+            str(d["file"]),
+            tuple(TensorSpec.from_json(t) for t in d["inputs"]),
+            tuple(TensorSpec.from_json(t) for t in d["outputs"]),
+            shrink,
+        )
 
     def with_shrinkable_axes(self) -> GraphSpec:
         """This spec with every shrinkable axis made symbolic (what a dynamic-shape runtime checks against)."""
@@ -64,7 +70,9 @@ class GraphSpec:
             shape[axis] = symbol
             return TensorSpec(t.name, tuple(shape), t.dtype)
 
-        return GraphSpec(self.name, self.file, tuple(sym(t) for t in self.inputs), self.outputs, self.shrinkable)
+        return GraphSpec(
+            self.name, self.file, tuple(sym(t) for t in self.inputs), self.outputs, self.shrinkable
+        )
 
     def input(self, name: str) -> TensorSpec:
         return next(t for t in self.inputs if t.name == name)
@@ -81,17 +89,17 @@ class Manifest:
     image_size: int
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
-    grid: int                      # g: top-level feature grid (S/16, or S/14 for SAM 3)
-    hidden_dim: int                # D
-    mem_dim: int                   # M
-    tokens_per_slot: int           # T
-    mask_size: int                 # P = 4g, low-res mask logits
-    cond_slots: int                # C
-    recent_slots: int              # N = num_maskmem - 1
-    pointer_slots: int             # Q = C + max_object_pointers - 1
-    max_object_pointers: int       # 16: pointers are normalised by (this - 1)
-    num_maskmem: int               # 7
-    algorithm: dict[str, Any]      # multimask rules, stability, binarize policy, ...
+    grid: int  # g: top-level feature grid (S/16, or S/14 for SAM 3)
+    hidden_dim: int  # D
+    mem_dim: int  # M
+    tokens_per_slot: int  # T
+    mask_size: int  # P = 4g, low-res mask logits
+    cond_slots: int  # C
+    recent_slots: int  # N = num_maskmem - 1
+    pointer_slots: int  # Q = C + max_object_pointers - 1
+    max_object_pointers: int  # 16: pointers are normalised by (this - 1)
+    num_maskmem: int  # 7
+    algorithm: dict[str, Any]  # multimask rules, stability, binarize policy, ...
     graphs: dict[str, GraphSpec]
     dtype: str = "float32"
     opset: int = 17
@@ -107,10 +115,15 @@ class Manifest:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["format"] = FORMAT
-        d["graphs"] = {name: {"file": g.file, "inputs": [asdict(t) for t in g.inputs],
-                              "outputs": [asdict(t) for t in g.outputs],
-                              **({"shrinkable": {k: list(v) for k, v in g.shrinkable.items()}} if g.shrinkable else {})}
-                       for name, g in self.graphs.items()}
+        d["graphs"] = {
+            name: {
+                "file": g.file,
+                "inputs": [asdict(t) for t in g.inputs],
+                "outputs": [asdict(t) for t in g.outputs],
+                **({"shrinkable": {k: list(v) for k, v in g.shrinkable.items()}} if g.shrinkable else {}),
+            }
+            for name, g in self.graphs.items()
+        }
         return d
 
     def write(self, out_dir: Path) -> Path:
@@ -119,39 +132,72 @@ class Manifest:
         return path
 
 
+def _rgb(values: Any, key: str) -> tuple[float, float, float]:
+    """Three finite numbers (per-channel ``mean``/``std``)."""
+    try:
+        r, g, b = (float(v) for v in values)
+    except (TypeError, ValueError):
+        raise ConfigError(f"manifest {key!r} must be three numbers, got {values!r}") from None
+    if not all(math.isfinite(v) for v in (r, g, b)):
+        raise ConfigError(f"manifest {key!r} must be finite, got {values!r}")
+    return r, g, b
+
+
 def load_manifest(model_dir: str | Path) -> Manifest:
     """Read and validate ``model_dir/manifest.json``.  Raises :class:`ConfigError` with a one-line reason."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise ConfigError(f"model directory {model_dir} not found; run 'vostream export MODEL --out {model_dir}' "
-                          "first")
+        raise ConfigError(
+            f"model directory {model_dir} not found; run 'vostream export MODEL --out {model_dir}' first"
+        )
     path = model_dir / MANIFEST_NAME
     if not path.is_file():
-        raise ConfigError(f"{model_dir} is not a vostream export: no {MANIFEST_NAME} (make one with "
-                          f"'vostream export MODEL --out {model_dir}')")
+        raise ConfigError(
+            f"{model_dir} is not a vostream export: no {MANIFEST_NAME} (make one with "
+            f"'vostream export MODEL --out {model_dir}')"
+        )
     try:
         d = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the manifest: {exc}") from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
-        raise ConfigError(f"{path} is not a vostream SAM-2 export manifest (format {d.get('format') if isinstance(d, dict) else None!r})")
+        raise ConfigError(
+            f"{path} is not a vostream SAM-2 export manifest (format {d.get('format') if isinstance(d, dict) else None!r})"
+        )
     version = d.get("format_version")
     if not isinstance(version, int):
         raise ConfigError(f"{path}: format_version missing or not an integer")
     if version > FORMAT_VERSION:
-        raise ConfigError(f"{path} was written by vostream {d.get('vostream_version') or '?'} (format {version}); "
-                          f"this vostream reads format <= {FORMAT_VERSION}: upgrade vostream")
+        raise ConfigError(
+            f"{path} was written by vostream {d.get('vostream_version') or '?'} (format {version}); "
+            f"this vostream reads format <= {FORMAT_VERSION}: upgrade vostream"
+        )
     try:
         graphs = {name: GraphSpec.from_json(name, g) for name, g in d["graphs"].items()}
         m = Manifest(
-            family=str(d["family"]), image_size=int(d["image_size"]), mean=tuple(map(float, d["mean"])),  # type: ignore[arg-type]
-            std=tuple(map(float, d["std"])), grid=int(d["grid"]), hidden_dim=int(d["hidden_dim"]),  # type: ignore[arg-type]
-            mem_dim=int(d["mem_dim"]), tokens_per_slot=int(d["tokens_per_slot"]), mask_size=int(d["mask_size"]),
-            cond_slots=int(d["cond_slots"]), recent_slots=int(d["recent_slots"]),
-            pointer_slots=int(d["pointer_slots"]), max_object_pointers=int(d["max_object_pointers"]),
-            num_maskmem=int(d["num_maskmem"]), algorithm=dict(d["algorithm"]), graphs=graphs,
-            dtype=str(d.get("dtype", "float32")), opset=int(d.get("opset", 17)), source=dict(d.get("source", {})),
-            verify=dict(d.get("verify", {})), format_version=version, vostream_version=str(d.get("vostream_version", "")))
+            family=str(d["family"]),
+            image_size=int(d["image_size"]),
+            mean=_rgb(d["mean"], "mean"),
+            std=_rgb(d["std"], "std"),
+            grid=int(d["grid"]),
+            hidden_dim=int(d["hidden_dim"]),
+            mem_dim=int(d["mem_dim"]),
+            tokens_per_slot=int(d["tokens_per_slot"]),
+            mask_size=int(d["mask_size"]),
+            cond_slots=int(d["cond_slots"]),
+            recent_slots=int(d["recent_slots"]),
+            pointer_slots=int(d["pointer_slots"]),
+            max_object_pointers=int(d["max_object_pointers"]),
+            num_maskmem=int(d["num_maskmem"]),
+            algorithm=dict(d["algorithm"]),
+            graphs=graphs,
+            dtype=str(d.get("dtype", "float32")),
+            opset=int(d.get("opset", 17)),
+            source=dict(d.get("source", {})),
+            verify=dict(d.get("verify", {})),
+            format_version=version,
+            vostream_version=str(d.get("vostream_version", "")),
+        )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from None
     if m.family not in FAMILIES:

@@ -11,22 +11,27 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from vostream.pipeline.errors import BackendError
 
 if TYPE_CHECKING:
-    from .manifest import Manifest, TensorSpec
+    from .manifest import Manifest
 
 #: dtype names used in manifests and buffers -> NumPy dtypes
 DTYPES: dict[str, np.dtype] = {
-    "float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "int64": np.dtype(np.int64),
-    "int32": np.dtype(np.int32), "uint8": np.dtype(np.uint8), "bool": np.dtype(np.bool_),
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "int64": np.dtype(np.int64),
+    "int32": np.dtype(np.int32),
+    "uint8": np.dtype(np.uint8),
+    "bool": np.dtype(np.bool_),
 }
 
 
@@ -59,8 +64,15 @@ class TransferStats:
     run_s: dict[str, float] = field(default_factory=dict)
 
     def snapshot(self) -> TransferStats:
-        return TransferStats(self.h2d_bytes, self.d2h_bytes, self.d2d_bytes, self.h2d_calls, self.d2h_calls,
-                             dict(self.runs), dict(self.run_s))
+        return TransferStats(
+            self.h2d_bytes,
+            self.d2h_bytes,
+            self.d2d_bytes,
+            self.h2d_calls,
+            self.d2h_calls,
+            dict(self.runs),
+            dict(self.run_s),
+        )
 
     def reset(self) -> None:
         self.h2d_bytes = self.d2h_bytes = self.d2d_bytes = self.h2d_calls = self.d2h_calls = 0
@@ -70,15 +82,25 @@ class TransferStats:
     def minus(self, before: TransferStats) -> TransferStats:
         """The traffic between ``before`` and now."""
         return TransferStats(
-            self.h2d_bytes - before.h2d_bytes, self.d2h_bytes - before.d2h_bytes, self.d2d_bytes - before.d2d_bytes,
-            self.h2d_calls - before.h2d_calls, self.d2h_calls - before.d2h_calls,
+            self.h2d_bytes - before.h2d_bytes,
+            self.d2h_bytes - before.d2h_bytes,
+            self.d2d_bytes - before.d2d_bytes,
+            self.h2d_calls - before.h2d_calls,
+            self.d2h_calls - before.d2h_calls,
             {k: v - before.runs.get(k, 0) for k, v in self.runs.items()},
-            {k: v - before.run_s.get(k, 0.0) for k, v in self.run_s.items()})
+            {k: v - before.run_s.get(k, 0.0) for k, v in self.run_s.items()},
+        )
 
     def as_dict(self) -> dict[str, object]:
-        return {"h2d_bytes": self.h2d_bytes, "d2h_bytes": self.d2h_bytes, "d2d_bytes": self.d2d_bytes,
-                "h2d_calls": self.h2d_calls, "d2h_calls": self.d2h_calls, "runs": dict(self.runs),
-                "run_ms": {k: round(v * 1e3, 3) for k, v in self.run_s.items()}}
+        return {
+            "h2d_bytes": self.h2d_bytes,
+            "d2h_bytes": self.d2h_bytes,
+            "d2d_bytes": self.d2d_bytes,
+            "h2d_calls": self.h2d_calls,
+            "d2h_calls": self.d2h_calls,
+            "runs": dict(self.runs),
+            "run_ms": {k: round(v * 1e3, 3) for k, v in self.run_s.items()},
+        }
 
 
 class Runtime(ABC):
@@ -108,8 +130,10 @@ class Runtime(ABC):
         nbytes = prod(shape) * itemsize
         start = buf.offset + offset_elems * itemsize
         if offset_elems < 0 or start + nbytes > buf.offset + buf.nbytes:
-            raise BackendError(f"{self.name}.view: [{offset_elems}, +{prod(shape)}) elements is outside buffer "
-                               f"{buf.name or buf.handle} of {buf.size}")
+            raise BackendError(
+                f"{self.name}.view: [{offset_elems}, +{prod(shape)}) elements is outside buffer "
+                f"{buf.name or buf.handle} of {buf.size}"
+            )
         return DeviceBuffer(buf.handle, start, tuple(shape), buf.dtype, nbytes, buf.name)
 
     @abstractmethod
@@ -121,7 +145,9 @@ class Runtime(ABC):
         """Copy device -> host; returns an array shaped ``src.shape``."""
 
     @abstractmethod
-    def run(self, graph: str, inputs: Mapping[str, DeviceBuffer], outputs: Mapping[str, DeviceBuffer]) -> None:
+    def run(
+        self, graph: str, inputs: Mapping[str, DeviceBuffer], outputs: Mapping[str, DeviceBuffer]
+    ) -> None:
         """Run ``graph`` reading ``inputs`` and writing ``outputs`` in place (all device buffers)."""
 
     @abstractmethod
@@ -150,52 +176,4 @@ class Runtime(ABC):
         self.stats.run_s[graph] = self.stats.run_s.get(graph, 0.0) + (time.perf_counter() - t0)
 
 
-# -- binding checks shared by the runtimes (``where`` prefixes every message, e.g. "OrtRuntime.run('decoder')") ---------
-def fmt_shape(shape: Sequence[object]) -> str:
-    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
-
-
-def check_bound_names(where: str, kind: str, names: Sequence[str], given: Mapping[str, DeviceBuffer]) -> None:
-    """Every name in ``given`` is an ``kind`` of the graph (the missing ones are caught per tensor)."""
-    for n in given:
-        if n not in names:
-            raise BackendError(f"{where}: {n!r} is not an {kind} of the graph ({kind}s: {', '.join(names)})")
-
-
-def check_tensor(where: str, kind: str, spec: TensorSpec, buf: DeviceBuffer | None,
-                 syms: dict[str, tuple[int, str]]) -> DeviceBuffer:
-    """``buf`` is bound and matches ``spec``'s dtype and static dims; a dynamic axis symbol (``syms``: symbol ->
-    (value, first tensor)) takes one value across the run.  Returns ``buf``."""
-    if buf is None:
-        raise BackendError(f"{where}: {kind} {spec.name!r} is not bound")
-    if buf.dtype != spec.dtype:
-        raise BackendError(f"{where}: {kind} {spec.name!r} dtype: graph {spec.dtype}, buffer {buf.dtype}")
-    ok = len(buf.shape) == len(spec.shape)
-    if ok:
-        for want, got in zip(spec.shape, buf.shape):
-            if isinstance(want, str):
-                prev = syms.setdefault(want, (got, spec.name))
-                if prev[0] != got:
-                    raise BackendError(f"{where}: {kind} {spec.name!r} has {want}={got} but {prev[1]!r} has "
-                                       f"{want}={prev[0]}")
-            elif want != got:
-                ok = False
-    if not ok:
-        raise BackendError(f"{where}: {kind} {spec.name!r} shape: graph {fmt_shape(spec.shape)}, buffer "
-                           f"{fmt_shape(buf.shape)}")
-    return buf
-
-
-def check_no_overlap(where: str, spans: Iterable[tuple[str, str, int, int, int]]) -> None:
-    """No output shares memory with another bound tensor; ``spans``: (kind, name, handle, start, end)."""
-    spans = list(spans)
-    for kind, n, h, s, e in spans:
-        if kind != "output":
-            continue
-        for kind2, n2, h2, s2, e2 in spans:
-            if h2 == h and (kind2, n2) != (kind, n) and s < e2 and s2 < e:
-                raise BackendError(f"{where}: output {n!r} overlaps {kind2} {n2!r} (same memory bound twice)")
-
-
-__all__ = ["DTYPES", "DeviceBuffer", "Runtime", "TransferStats", "check_bound_names", "check_no_overlap",
-           "check_tensor", "fmt_shape"]
+__all__ = ["DTYPES", "DeviceBuffer", "Runtime", "TransferStats"]

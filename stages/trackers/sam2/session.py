@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from vostream.pipeline.errors import BackendError, PromptError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 
@@ -56,22 +57,22 @@ def resize_aa(x: np.ndarray, height: int, width: int) -> np.ndarray:
 @dataclass
 class _Object:
     obj_id: int
-    bank: DeviceBuffer                 # [C + N, T, M]
-    ptrs: DeviceBuffer                 # [Q, D]
-    cond_steps: list[int]              # per conditioning slot: step it holds, -1 empty
-    recent_steps: list[int]            # per recent slot
-    ptr_steps: list[int]               # per recent pointer slot
-    frames: int = 0                    # frames this object took part in
+    bank: DeviceBuffer  # [C + N, T, M]
+    ptrs: DeviceBuffer  # [Q, D]
+    cond_steps: list[int]  # per conditioning slot: step it holds, -1 empty
+    recent_steps: list[int]  # per recent slot
+    ptr_steps: list[int]  # per recent pointer slot
+    frames: int = 0  # frames this object took part in
 
 
 @dataclass
 class _Input:
     """Prompts of one object for the current frame, in model pixels."""
 
-    points: np.ndarray                 # (K, 2) float32
-    labels: np.ndarray                 # (K,) int32: 1, 0, 2/3 box corners
-    mask: np.ndarray | None = None     # (S, S) float32 0/1
-    n_points: int = 0                  # what the multimask rule counts
+    points: np.ndarray  # (K, 2) float32
+    labels: np.ndarray  # (K,) int32: 1, 0, 2/3 box corners
+    mask: np.ndarray | None = None  # (S, S) float32 0/1
+    n_points: int = 0  # what the multimask rule counts
 
 
 @dataclass
@@ -79,7 +80,7 @@ class Sam2Stats:
     frames: int = 0
     cond_frames: int = 0
     evicted_cond: int = 0
-    attended_slots: int = 0    # memory slots bound over all memory-attention runs (C + N each, unless views)
+    attended_slots: int = 0  # memory slots bound over all memory-attention runs (C + N each, unless views)
 
 
 class Sam2Session(TrackerSession):
@@ -148,23 +149,37 @@ class Sam2Session(TrackerSession):
         oid = int(prompt.obj_id)
         has_pos = prompt.box is not None or prompt.mask is not None or bool(np.any(prompt.labels == 1))
         if prompt.mask is not None and (len(prompt.points) or prompt.box is not None):
-            raise PromptError(f"object {oid}: give either a mask or points/box on one frame, not both "
-                              "(the SAM-2 models take a mask prompt on its own)")
+            raise PromptError(
+                f"object {oid}: give either a mask or points/box on one frame, not both "
+                "(the SAM-2 models take a mask prompt on its own)"
+            )
         if not has_pos and oid not in self._objects and oid not in self._pending:
-            raise PromptError(f"object {oid}: a prompt with only negative points needs a known object; add a "
-                              f"positive point, a box or a mask to start object {oid}")
+            raise PromptError(
+                f"object {oid}: a prompt with only negative points needs a known object; add a "
+                f"positive point, a box or a mask to start object {oid}"
+            )
         known = set(self._objects) | set(self._pending)
         if self.max_objects is not None and oid not in known and len(known) >= self.max_objects:
-            raise PromptError(f"object {oid}: this session already tracks {len(known)} objects, the most the "
-                              f"{self.rt.name} backend was set up for (max_objects={self.max_objects})")
+            raise PromptError(
+                f"object {oid}: this session already tracks {len(known)} objects, the most the "
+                f"{self.rt.name} backend was set up for (max_objects={self.max_objects})"
+            )
         limit = min(MAX_POINTS - 1, int(getattr(self.rt, "max_points", None) or MAX_POINTS - 1))
         if len(prompt.points) + (2 if prompt.box is not None else 0) > limit:
-            raise PromptError(f"object {oid}: at most {limit} points (a box counts as two) per object per frame "
-                              f"on the {self.rt.name} runtime")
+            raise PromptError(
+                f"object {oid}: at most {limit} points (a box counts as two) per object per frame "
+                f"on the {self.rt.name} runtime"
+            )
         if not has_pos and oid in self._pending and oid not in self._objects:
             p = self._pending[oid]  # merge negatives into the pending prompt that starts this object
-            prompt = Prompt(oid, prompt.frame_index, np.concatenate([p.points, prompt.points]),
-                            np.concatenate([p.labels, prompt.labels]), p.box, p.mask)
+            prompt = Prompt(
+                oid,
+                prompt.frame_index,
+                np.concatenate([p.points, prompt.points]),
+                np.concatenate([p.labels, prompt.labels]),
+                p.box,
+                p.mask,
+            )
         self._pending[oid] = prompt
 
     def remove_object(self, obj_id: int) -> None:
@@ -201,12 +216,16 @@ class Sam2Session(TrackerSession):
         st = self.traffic
         n = max(1, self.stats.frames)
         out: dict[str, Any] = {
-            "frames": self.stats.frames, "cond_frames": self.stats.cond_frames,
+            "frames": self.stats.frames,
+            "cond_frames": self.stats.cond_frames,
             "evicted_cond_frames": self.stats.evicted_cond,
             "memory_slots_per_attention": round(
-                self.stats.attended_slots / max(1, st.runs.get("memory_attention", 0)), 3),
-            "h2d_bytes_per_frame": st.h2d_bytes / n, "d2h_bytes_per_frame": st.d2h_bytes / n,
-            "d2d_bytes_per_frame": st.d2d_bytes / n}
+                self.stats.attended_slots / max(1, st.runs.get("memory_attention", 0)), 3
+            ),
+            "h2d_bytes_per_frame": st.h2d_bytes / n,
+            "d2h_bytes_per_frame": st.d2h_bytes / n,
+            "d2d_bytes_per_frame": st.d2d_bytes / n,
+        }
         out.update({f"{k}_ms_per_frame": round(v * 1e3 / n, 3) for k, v in st.run_s.items()})
         return out
 
@@ -215,8 +234,10 @@ class Sam2Session(TrackerSession):
         if prompt.mask is not None:
             mask = np.asarray(prompt.mask, bool)
             if mask.shape != (src_h, src_w):
-                raise PromptError(f"object {prompt.obj_id}: mask prompt is {mask.shape[1]}x{mask.shape[0]}, the "
-                                  f"stream is {src_w}x{src_h}")
+                raise PromptError(
+                    f"object {prompt.obj_id}: mask prompt is {mask.shape[1]}x{mask.shape[0]}, the "
+                    f"stream is {src_w}x{src_h}"
+                )
             m = mask.astype(np.float32)
             if m.shape != (self.S, self.S):  # as HF's processor: antialiased resize, then threshold at 0.5
                 m = (resize_aa(m, self.S, self.S) > 0.5).astype(np.float32)
@@ -261,8 +282,10 @@ class Sam2Session(TrackerSession):
         S = self.S
         if x is None or x.shape != (1, 3, S, S) or x.dtype != np.float32:
             got = None if x is None else f"{x.dtype} {x.shape}"
-            raise BackendError(f"SAM-2 tracker: frame.tensor must be float32 (1, 3, {S}, {S}) (run the preprocess "
-                               f"stage with the tracker's input_spec), got {got}")
+            raise BackendError(
+                f"SAM-2 tracker: frame.tensor must be float32 (1, 3, {S}, {S}) (run the preprocess "
+                f"stage with the tracker's input_spec), got {got}"
+            )
         src_w, src_h = frame.width, frame.height
         due = {oid: p for oid, p in self._pending.items() if p.frame_index <= frame.index}
         inputs: dict[int, _Input] = {}
@@ -272,12 +295,21 @@ class Sam2Session(TrackerSession):
         for oid in due:
             del self._pending[oid]
         if not self._objects and not inputs:  # nothing to track yet (e.g. a live feed before the first click)
-            return TrackResult(frame.index, np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, bool),
-                               np.zeros((0, 4), np.float32), logits=np.zeros((0, self.P, self.P), np.float32))
+            return TrackResult(
+                frame.index,
+                np.zeros(0, np.int64),
+                np.zeros(0, np.float32),
+                np.zeros(0, bool),
+                np.zeros((0, 4), np.float32),
+                logits=np.zeros((0, self.P, self.P), np.float32),
+            )
         rt, b = self.rt, self.b
         rt.upload(b["image"], x)
-        rt.run("image_encoder", {"image": b["image"]},
-               {n: b[n] for n in ("feat_s0", "feat_s1", "feat", "feat_nomem", "feat_map")})
+        rt.run(
+            "image_encoder",
+            {"image": b["image"]},
+            {n: b[n] for n in ("feat_s0", "feat_s1", "feat", "feat_nomem", "feat_map")},
+        )
         for oid in inputs:
             if oid not in self._objects:
                 self._objects[oid] = self._new_object(oid)
@@ -296,9 +328,14 @@ class Sam2Session(TrackerSession):
         self.stats.frames += 1
         n = len(ids)
         P = self.P
-        return TrackResult(frame.index, np.asarray(ids, np.int64), np.asarray(scores, np.float32),
-                           np.asarray(present, bool), np.zeros((n, 4), np.float32),
-                           logits=np.stack(logits) if n else np.zeros((0, P, P), np.float32))
+        return TrackResult(
+            frame.index,
+            np.asarray(ids, np.int64),
+            np.asarray(scores, np.float32),
+            np.asarray(present, bool),
+            np.zeros((n, 4), np.float32),
+            logits=np.stack(logits) if n else np.zeros((0, P, P), np.float32),
+        )
 
     def _new_object(self, oid: int) -> _Object:
         bank = self.rt.alloc((self.L, self.T, self.M), "float32", f"bank[{oid}]")
@@ -307,8 +344,11 @@ class Sam2Session(TrackerSession):
 
     def _multimask(self, init_cond: bool, n_points: int) -> bool:
         a = self.alg
-        return bool(a["multimask_output_in_sam"] and (init_cond or a["multimask_output_for_tracking"])
-                    and a["multimask_min_pt_num"] <= n_points <= a["multimask_max_pt_num"])
+        return bool(
+            a["multimask_output_in_sam"]
+            and (init_cond or a["multimask_output_for_tracking"])
+            and a["multimask_min_pt_num"] <= n_points <= a["multimask_max_pt_num"]
+        )
 
     def _select(self, planes: np.ndarray, iou: np.ndarray, multimask: bool) -> tuple[int, int]:
         """(plane, token) the reference would pick from the four planes."""
@@ -328,8 +368,9 @@ class Sam2Session(TrackerSession):
         buf = self.b[name]
         self.rt.upload(buf, np.asarray([value], dtype=buf.dtype))
 
-    def _step_object(self, obj: _Object, inp: _Input | None, now: int, any_input: bool
-                     ) -> tuple[np.ndarray, float, bool]:
+    def _step_object(
+        self, obj: _Object, inp: _Input | None, now: int, any_input: bool
+    ) -> tuple[np.ndarray, float, bool]:
         rt, b = self.rt, self.b
         P = self.P
         mask_path = inp is not None and inp.mask is not None
@@ -351,11 +392,24 @@ class Sam2Session(TrackerSession):
             assert inp is not None and inp.mask is not None
             rt.upload(b["mask_prompt"], inp.mask.reshape(1, 1, self.S, self.S))
         self._upload_scalar("has_mask", 1.0 if mask_path else 0.0)
-        rt.run("decoder",
-               {"pix_feat": pix, "feat_s0": b["feat_s0"], "feat_s1": b["feat_s1"], "points": pts_v, "labels": lab_v,
-                "mask_prompt": b["mask_prompt"] if mask_path else b["zero_mask"], "has_mask": b["has_mask"]},
-               {"low_res_masks": b["low_res_masks"], "iou": b["iou"], "object_score": b["object_score"],
-                "obj_ptrs": b["obj_ptrs"]})
+        rt.run(
+            "decoder",
+            {
+                "pix_feat": pix,
+                "feat_s0": b["feat_s0"],
+                "feat_s1": b["feat_s1"],
+                "points": pts_v,
+                "labels": lab_v,
+                "mask_prompt": b["mask_prompt"] if mask_path else b["zero_mask"],
+                "has_mask": b["has_mask"],
+            },
+            {
+                "low_res_masks": b["low_res_masks"],
+                "iou": b["iou"],
+                "object_score": b["object_score"],
+                "obj_ptrs": b["obj_ptrs"],
+            },
+        )
         planes = rt.download(b["low_res_masks"], self._h_planes)[0]
         iou = rt.download(b["iou"], self._h_iou)[0]
         dec_score = float(rt.download(b["object_score"], self._h_score)[0, 0])
@@ -392,13 +446,24 @@ class Sam2Session(TrackerSession):
         self._upload_scalar("token", token)
         self._upload_scalar("use_mask_prompt", 1.0 if mask_path else 0.0)
         self._upload_scalar("binarize", 1.0 if binarize else 0.0)
-        rt.run("memory_encoder",
-               {"feat": b["feat"], "low_res_masks": b["low_res_masks"], "obj_ptrs": b["obj_ptrs"],
-                "object_score": b["object_score"], "mask_prompt": b["mask_prompt"] if mask_path else b["zero_mask"],
-                "plane": b["plane"], "token": b["token"], "use_mask_prompt": b["use_mask_prompt"],
-                "binarize": b["binarize"]},
-               {"maskmem": rt.view(obj.bank, mem_slot * self.T * self.M, (1, self.T, self.M)),
-                "obj_ptr": rt.view(obj.ptrs, ptr_slot * self.D, (1, self.D))})
+        rt.run(
+            "memory_encoder",
+            {
+                "feat": b["feat"],
+                "low_res_masks": b["low_res_masks"],
+                "obj_ptrs": b["obj_ptrs"],
+                "object_score": b["object_score"],
+                "mask_prompt": b["mask_prompt"] if mask_path else b["zero_mask"],
+                "plane": b["plane"],
+                "token": b["token"],
+                "use_mask_prompt": b["use_mask_prompt"],
+                "binarize": b["binarize"],
+            },
+            {
+                "maskmem": rt.view(obj.bank, mem_slot * self.T * self.M, (1, self.T, self.M)),
+                "obj_ptr": rt.view(obj.ptrs, ptr_slot * self.D, (1, self.D)),
+            },
+        )
         return out, conf, present
 
     def _cond_slot(self, obj: _Object) -> int:
@@ -410,8 +475,12 @@ class Sam2Session(TrackerSession):
                 return i
         oldest = int(np.argmin(obj.cond_steps))
         self.stats.evicted_cond += 1
-        logger.info("object %d: more than %d conditioning frames; dropping the oldest (frame step %d)",
-                    obj.obj_id, self.C, obj.cond_steps[oldest])
+        logger.info(
+            "object %d: more than %d conditioning frames; dropping the oldest (frame step %d)",
+            obj.obj_id,
+            self.C,
+            obj.cond_steps[oldest],
+        )
         return oldest
 
     def _memory_inputs(self, obj: _Object, now: int) -> dict[str, DeviceBuffer]:
@@ -445,10 +514,16 @@ class Sam2Session(TrackerSession):
             plo, phi = int(pidx[0]), int(pidx[-1]) + 1  # a valid slot's conditioning pointer is valid too
         rt, b = self.rt, self.b
         n, q = hi - lo, phi - plo
-        inputs = {"bank": rt.view(obj.bank, lo * self.T * self.M, (n, self.T, self.M)),
-                  "ptrs": rt.view(obj.ptrs, plo * self.D, (q, self.D))}
-        for name, host in (("slot_tpos", tpos[lo:hi]), ("slot_valid", valid[lo:hi]), ("ptr_tdiff", tdiff[plo:phi]),
-                           ("ptr_valid", pvalid[plo:phi])):
+        inputs = {
+            "bank": rt.view(obj.bank, lo * self.T * self.M, (n, self.T, self.M)),
+            "ptrs": rt.view(obj.ptrs, plo * self.D, (q, self.D)),
+        }
+        for name, host in (
+            ("slot_tpos", tpos[lo:hi]),
+            ("slot_valid", valid[lo:hi]),
+            ("ptr_tdiff", tdiff[plo:phi]),
+            ("ptr_valid", pvalid[plo:phi]),
+        ):
             inputs[name] = rt.view(b[name], 0, host.shape)
             rt.upload(inputs[name], host)
         return inputs

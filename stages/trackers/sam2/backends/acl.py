@@ -1,4 +1,4 @@
-"""``AclRuntime``: the pyACL (AscendCL) implementation of :class:`~.runtime.Runtime`, and the ``acl`` tracker factory.
+"""``AclRuntime``: the pyACL (AscendCL) implementation of :class:`~.runtime.Runtime`.
 
 Design (``docs/sam2-backend.md`` §0, §6; API facts from ``shared/reference/ascend-acl.md``):
 
@@ -22,15 +22,15 @@ Design (``docs/sam2-backend.md`` §0, §6; API facts from ``shared/reference/asc
 * Every non-zero return code becomes a :class:`BackendError` naming the call, the code, its meaning
   (:data:`ACL_ERRORS`) and ``acl.get_recent_err_msg()``.
 
-The real ``acl`` module defines no constants, so the ones used here are defined below.  ``acl`` is imported lazily in
-:class:`AclRuntime`; ``VOSTREAM_FAKE_ACL=1`` installs the in-package fake (:mod:`.acl_fake`) first.
+The real ``acl`` module defines no constants, so the ones used here are defined below.  The ``acl`` module is
+injected: ``AclRuntime(acl=module)`` drives that module (the tests pass the fake, ``tests/fake_acl.py``);
+``acl=None`` imports the real pyACL lazily.  The ``acl`` tracker factory is ``sam2.tracker.AclTracker``.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
 import sys
 import threading
 import time
@@ -41,20 +41,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from vostream.pipeline.errors import BackendError, ConfigError
 
-from vostream.stages.trackers.sam2.runtime import (
-    DTYPES,
-    DeviceBuffer,
-    Runtime,
-    check_bound_names,
-    check_no_overlap,
-    check_tensor,
-    fmt_shape,
-)
+from vostream.pipeline.errors import BackendError, ConfigError
+from vostream.stages.trackers.sam2.backends.binding import Allocation, BindingRuntime, fmt_shape
+from vostream.stages.trackers.sam2.runtime import DTYPES, DeviceBuffer
+from vostream.stages.trackers.sam2.session import MAX_POINTS
 
 if TYPE_CHECKING:
-    from vostream.stages.trackers.sam2 import Sam2Tracker
     from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -63,15 +56,26 @@ logger = logging.getLogger(__name__)
 ACL_SUCCESS = 0
 ACL_MEMCPY_HOST_TO_DEVICE = 1
 ACL_MEMCPY_DEVICE_TO_HOST = 2
-ACL_MEM_MALLOC_HUGE_FIRST = 0   # huge pages when the size allows, else normal pages
-ACL_HBM_MEM = 1                 # aclrtMemAttr for acl.rt.get_mem_info
+ACL_MEM_MALLOC_HUGE_FIRST = 0  # huge pages when the size allows, else normal pages
+ACL_HBM_MEM = 1  # aclrtMemAttr for acl.rt.get_mem_info
 ACL_ERROR_REPEAT_INITIALIZE = 100002
 ACL_DYNAMIC_TENSOR_NAME = "ascend_mbatch_shape_data"
 
 #: aclDataType -> our dtype names (others keep a readable name for error messages)
 ACL_DTYPES: dict[int, str] = {
-    0: "float32", 1: "float16", 2: "int8", 3: "int32", 4: "uint8", 6: "int16", 7: "uint16", 8: "uint32",
-    9: "int64", 10: "uint64", 11: "float64", 12: "bool", 27: "bfloat16",
+    0: "float32",
+    1: "float16",
+    2: "int8",
+    3: "int32",
+    4: "uint8",
+    6: "int16",
+    7: "uint16",
+    8: "uint32",
+    9: "int64",
+    10: "uint64",
+    11: "float64",
+    12: "bool",
+    27: "bfloat16",
 }
 
 #: ACL error code -> (symbolic name, meaning); shared/reference/ascend-acl.md §7 plus codes the fake documents
@@ -81,20 +85,34 @@ ACL_ERRORS: dict[int, tuple[str, str]] = {
     100002: ("ACL_ERROR_REPEAT_INITIALIZE", "acl.init was already called in this process"),
     100003: ("ACL_ERROR_INVALID_FILE", "the file is missing or unreadable"),
     100011: ("ACL_ERROR_INVALID_MODEL_ID", "unknown or unloaded model id"),
-    100013: ("ACL_ERROR_PARSE_MODEL", ("the model file cannot be parsed (built for another CANN version or SoC, "
-                                       "or it has dynamic dims without compiled gears)")),
+    100013: (
+        "ACL_ERROR_PARSE_MODEL",
+        (
+            "the model file cannot be parsed (built for another CANN version or SoC, "
+            "or it has dynamic dims without compiled gears)"
+        ),
+    ),
     100017: ("ACL_ERROR_MODEL_INPUT_NOT_MATCH", "input dataset buffers do not match the model inputs"),
     100018: ("ACL_ERROR_MODEL_OUTPUT_NOT_MATCH", "output dataset buffers do not match the model outputs"),
     100019: ("ACL_ERROR_MODEL_NOT_DYNAMIC", "a dynamic-shape call on a model compiled without gears"),
     100037: ("ACL_ERROR_REPEAT_FINALIZE", "acl.finalize without a matching acl.init"),
-    107000: ("ACL_ERROR_RT_PARAM_INVALID", "invalid runtime parameter (bad or freed device pointer or handle)"),
+    107000: (
+        "ACL_ERROR_RT_PARAM_INVALID",
+        "invalid runtime parameter (bad or freed device pointer or handle)",
+    ),
     107001: ("ACL_ERROR_RT_INVALID_DEVICEID", "invalid device id"),
-    107002: ("ACL_ERROR_RT_CONTEXT_NULL", "the calling thread has no current context (acl.rt.set_context missing)"),
+    107002: (
+        "ACL_ERROR_RT_CONTEXT_NULL",
+        "the calling thread has no current context (acl.rt.set_context missing)",
+    ),
     107003: ("ACL_ERROR_RT_STREAM_CONTEXT", "the stream belongs to another context"),
     107004: ("ACL_ERROR_RT_MODEL_CONTEXT", "the model belongs to another context"),
     107008: ("ACL_ERROR_RT_ADDR_UNALIGNED", "an address is not aligned (model I/O needs 64-byte alignment)"),
     107037: ("ACL_ERROR_RT_MODEL_RUNNING", "the model still has queued work; synchronize the stream first"),
-    145007: ("ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID", "a model input/output address is not valid device memory"),
+    145007: (
+        "ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID",
+        "a model input/output address is not valid device memory",
+    ),
     145013: ("ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID", "the batch size is not a compiled gear"),
     145021: ("ACL_ERROR_GE_SHAPE_INVALID", "the shape is not a compiled gear"),
     200000: ("ACL_ERROR_BAD_ALLOC", "out of memory"),
@@ -124,16 +142,17 @@ RESERVE_BYTES = 64 << 20
 #: tensors that are per object (bank, pointer ring) or views of them, not session scratch
 _PER_OBJECT = {"bank", "ptrs", "maskmem", "obj_ptr"}
 
-_HANDLES = itertools.count(1)       # DeviceBuffer handles, unique across runtimes
-_RUNTIME_IDS = itertools.count(1)   # one token per runtime for the per-thread context cache
-_TLS = threading.local()            # .token: the runtime whose context this thread made current last
+_RUNTIME_IDS = itertools.count(1)  # one token per runtime for the per-thread context cache
+_TLS = threading.local()  # .token: the runtime whose context this thread made current last
 _INIT_LOCK = threading.Lock()
 _INIT_STATE = {"users": 0, "initialised_by_us": False}
 
 
 def describe_error(code: int) -> str:
     """``"507011 (ACL_ERROR_RT_MODEL_EXECUTE: model execution failed ...)"``."""
-    name, meaning = ACL_ERRORS.get(code, ("unknown ACL error", "not in vostream's table; see the CANN error codes"))
+    name, meaning = ACL_ERRORS.get(
+        code, ("unknown ACL error", "not in vostream's table; see the CANN error codes")
+    )
     return f"{code} ({name}: {meaning})"
 
 
@@ -144,35 +163,40 @@ def atc_dynamic_options(spec: GraphSpec, gears: Sequence[int] = DECODER_GEARS) -
     ``{"input_shape": "...;points:1,-1,2;labels:1,-1;...", "dynamic_dims": "1,1;2,2;...;8,8"}``.  Returns ``{}``
     for a fully static graph.  A graph whose ONNX file has dynamic axes the manifest pins (``spec.shrinkable``:
     memory attention's slot and pointer axes) gets just ``input_shape`` with the manifest's static shapes.  (The fake
-    ``acl`` takes the same strings through ``acl_fake.model_options``.)"""
+    ``acl`` takes the same strings through ``fake_acl.model_options``.)"""
     markers = sum(1 for t in spec.inputs for d in t.shape if isinstance(d, str))
     if not markers:
         if spec.shrinkable:
-            return {"input_shape": ";".join(f"{t.name}:" + ",".join(str(int(d)) for d in t.shape)
-                                            for t in spec.inputs)}
+            return {
+                "input_shape": ";".join(
+                    f"{t.name}:" + ",".join(str(int(d)) for d in t.shape) for t in spec.inputs
+                )
+            }
         return {}
     symbols = {d for t in spec.inputs for d in t.shape if isinstance(d, str)}
     if len(symbols) != 1:
-        raise BackendError(f"atc_dynamic_options: graph {spec.name!r} has several dynamic axes {sorted(symbols)}; "
-                           "only one symbol (the decoder's K) is supported")
-    shape = ";".join(f"{t.name}:" + ",".join("-1" if isinstance(d, str) else str(d) for d in t.shape)
-                     for t in spec.inputs)
+        raise BackendError(
+            f"atc_dynamic_options: graph {spec.name!r} has several dynamic axes {sorted(symbols)}; "
+            "only one symbol (the decoder's K) is supported"
+        )
+    shape = ";".join(
+        f"{t.name}:" + ",".join("-1" if isinstance(d, str) else str(d) for d in t.shape) for t in spec.inputs
+    )
     dims = ";".join(",".join([str(int(g))] * markers) for g in gears)
     return {"input_shape": shape, "dynamic_dims": dims}
 
 
 def _import_acl() -> Any:
-    if os.environ.get("VOSTREAM_FAKE_ACL") == "1":
-        from vostream.stages.trackers.sam2 import acl_fake
-
-        return acl_fake.install()
+    """The real pyACL (``import acl``), or a :class:`BackendError` saying where it comes from."""
     try:
-        import acl
+        import acl  # type: ignore[import-not-found]
     except ImportError as exc:
         raise BackendError(
-            "acl backend: pyACL (the Python module 'acl') is not importable; it comes with the Ascend CANN toolkit "
-            "(source /usr/local/Ascend/ascend-toolkit/set_env.sh, or the set_env.sh of your CANN install, before "
-            f"running vostream); set VOSTREAM_FAKE_ACL=1 to run the CPU fake instead ({exc})") from exc
+            "acl backend: pyACL (the Python module 'acl') is not importable: it comes with the Ascend CANN toolkit, "
+            "which is not installed or not on the path here (install CANN, then source "
+            "/usr/local/Ascend/ascend-toolkit/set_env.sh, or the set_env.sh of your CANN install, before running "
+            f"vostream; 'vostream doctor' checks it) ({exc})"
+        ) from exc
     return acl
 
 
@@ -184,13 +208,6 @@ def _footprint(nbytes: int) -> int:
     """Device bytes one :meth:`AclRuntime.alloc` of ``nbytes`` takes (our 64-byte rounding, then acl.rt.malloc's
     rounding to 32 plus 32 bytes)."""
     return _align(max(_align(nbytes, IO_ALIGN), IO_ALIGN), 32) + 32
-
-
-@dataclass
-class _Alloc:
-    ptr: int
-    nbytes: int
-    name: str
 
 
 @dataclass
@@ -215,35 +232,37 @@ class _Graph:
     desc: int
     inputs: list[_Tensor]
     outputs: list[_Tensor]
-    dyn_index: int = -1                 # index of ascend_mbatch_shape_data, -1 for a static model
-    dyn_ptr: int = 0                    # device buffer behind it
+    dyn_index: int = -1  # index of ascend_mbatch_shape_data, -1 for a static model
+    dyn_ptr: int = 0  # device buffer behind it
     dyn_size: int = 0
     gears: dict[tuple[int, ...], dict[str, int]] = field(default_factory=dict)  # flat dims -> {symbol: value}
     in_ds: int = 0
     out_ds: int = 0
     data_buffers: list[int] = field(default_factory=list)
-    in_buffers: list[int] = field(default_factory=list)   # per model input index (real inputs only)
+    in_buffers: list[int] = field(default_factory=list)  # per model input index (real inputs only)
     out_buffers: list[int] = field(default_factory=list)
-    bound: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # (kind, index) -> (addr, size)
+    bound: dict[tuple[str, int], tuple[int, int]] = field(
+        default_factory=dict
+    )  # (kind, index) -> (addr, size)
 
 
-class AclRuntime(Runtime):
+class AclRuntime(BindingRuntime[Allocation]):
     """pyACL on one Ascend device: ``.om`` graphs, ``acl.rt.malloc`` buffers, datasets re-pointed per slot.
 
     ``device_id``: the NPU.  ``om_dir``: where the ``.om`` files are (default: the export directory itself).
+    ``acl``: the pyACL module to drive (default ``None``: ``import acl``, the real one; tests inject the fake).
     Thread-safe in the sense the pipeline needs: any thread may call (the context is made current per thread) and
     calls are serialised by a lock (one model must not be executed concurrently).
     """
 
     name = "AclRuntime"
 
-    def __init__(self, device_id: int = 0, om_dir: str | Path | None = None) -> None:
+    def __init__(self, device_id: int = 0, om_dir: str | Path | None = None, acl: Any = None) -> None:
         super().__init__()
         self.device_id = int(device_id)
         self.om_dir = Path(om_dir) if om_dir is not None else None
         self._token = next(_RUNTIME_IDS)
         self._lock = threading.RLock()
-        self._allocs: dict[int, _Alloc] = {}
         self._graphs: dict[str, _Graph] = {}
         self._closed = False
         self._ctx = 0
@@ -254,7 +273,7 @@ class AclRuntime(Runtime):
         self.repoints: dict[str, int] = {}
         #: graph -> how many times a dynamic gear was set (acl.mdl.set_input_dynamic_dims)
         self.gear_sets: dict[str, int] = {}
-        self.acl = _import_acl()
+        self.acl = acl if acl is not None else _import_acl()
         self.is_fake = bool(getattr(self.acl, "__vostream_fake__", False))
         try:
             self._start()
@@ -273,7 +292,9 @@ class AclRuntime(Runtime):
 
     def _error(self, where: str, call: str, code: int, detail: str = "") -> BackendError:
         extra = f" ({detail})" if detail else ""
-        return BackendError(f"{self.name}.{where}: {call} returned {describe_error(int(code))}{extra}{self._recent()}")
+        return BackendError(
+            f"{self.name}.{where}: {call} returned {describe_error(int(code))}{extra}{self._recent()}"
+        )
 
     def _check(self, ret: int, where: str, call: str, detail: str = "") -> None:
         if ret != ACL_SUCCESS:
@@ -295,7 +316,9 @@ class AclRuntime(Runtime):
                 _INIT_STATE["initialised_by_us"] = True
             _INIT_STATE["users"] += 1
             self._registered = True
-        self._check(acl.rt.set_device(self.device_id), "__init__", "acl.rt.set_device", f"device {self.device_id}")
+        self._check(
+            acl.rt.set_device(self.device_id), "__init__", "acl.rt.set_device", f"device {self.device_id}"
+        )
         self._device_set = True
         self._ctx = self._pair(acl.rt.create_context(self.device_id), "__init__", "acl.rt.create_context")
         _TLS.token = self._token  # create_context made it current in this thread
@@ -309,8 +332,12 @@ class AclRuntime(Runtime):
 
     def _make_current(self, where: str) -> None:
         if getattr(_TLS, "token", None) != self._token:
-            self._check(self.acl.rt.set_context(self._ctx), where, "acl.rt.set_context",
-                        f"thread {threading.current_thread().name}")
+            self._check(
+                self.acl.rt.set_context(self._ctx),
+                where,
+                "acl.rt.set_context",
+                f"thread {threading.current_thread().name}",
+            )
             _TLS.token = self._token
 
     def close(self) -> None:
@@ -333,7 +360,9 @@ class AclRuntime(Runtime):
                     if ret != ACL_SUCCESS:
                         errors.append(self._error("close", call, ret))
                 except Exception as exc:  # noqa: BLE001 - keep releasing the rest
-                    errors.append(BackendError(f"{self.name}.close: {call} raised {type(exc).__name__}: {exc}"))
+                    errors.append(
+                        BackendError(f"{self.name}.close: {call} raised {type(exc).__name__}: {exc}")
+                    )
 
             if self._ctx:
                 try:
@@ -404,10 +433,15 @@ class AclRuntime(Runtime):
             version = f"{major}.{minor}.{patch}" if ret == ACL_SUCCESS else "?"
         except Exception as exc:  # noqa: BLE001 - description only
             logger.debug("AclRuntime.describe: %s", exc)
-        state = "closed" if self._closed else (f"{len(self._graphs)} graphs, {len(self._allocs)} buffers "
-                                               f"({live / 2**20:.1f} MiB)")
-        return (f"AclRuntime({'fake ' if self.is_fake else ''}acl {version}, {soc}, device {self.device_id}, "
-                f"{state})")
+        state = (
+            "closed"
+            if self._closed
+            else (f"{len(self._graphs)} graphs, {len(self._allocs)} buffers ({live / 2**20:.1f} MiB)")
+        )
+        return (
+            f"AclRuntime({'fake ' if self.is_fake else ''}acl {version}, {soc}, device {self.device_id}, "
+            f"{state})"
+        )
 
     # -- loading -----------------------------------------------------------------------------------------------------
     def om_path(self, spec: GraphSpec, model_dir: Path) -> Path:
@@ -425,14 +459,17 @@ class AclRuntime(Runtime):
                     hint = ""
                     opts = atc_dynamic_options(spec)
                     if "dynamic_dims" in opts:
-                        hint = (f' --input_format=ND --input_shape="{opts["input_shape"]}" '
-                                f'--dynamic_dims="{opts["dynamic_dims"]}"')
+                        hint = (
+                            f' --input_format=ND --input_shape="{opts["input_shape"]}" '
+                            f'--dynamic_dims="{opts["dynamic_dims"]}"'
+                        )
                     elif opts:
                         hint = f' --input_shape="{opts["input_shape"]}"'
                     raise BackendError(
                         f"{self.name}.load: graph {gname!r}: {path} not found; convert the export with ATC, e.g. "
                         f"atc --framework=5 --model={Path(model_dir) / spec.file} --output={path.with_suffix('')} "
-                        f"--soc_version=<Ascend + npu-smi Name>{hint}")
+                        f"--soc_version=<Ascend + npu-smi Name>{hint}"
+                    )
                 g = self._load_graph(gname, spec, path)
                 self._graphs[gname] = g
                 self.repoints[gname] = 0
@@ -465,21 +502,41 @@ class AclRuntime(Runtime):
         acl = self.acl
         desc = g.desc
         for kind, count_fn, name_fn, dims_fn, type_fn, size_fn, specs, out in (
-            ("input", acl.mdl.get_num_inputs, acl.mdl.get_input_name_by_index, acl.mdl.get_input_dims,
-             acl.mdl.get_input_data_type, acl.mdl.get_input_size_by_index, g.spec.inputs, g.inputs),
-            ("output", acl.mdl.get_num_outputs, acl.mdl.get_output_name_by_index, acl.mdl.get_output_dims,
-             acl.mdl.get_output_data_type, acl.mdl.get_output_size_by_index, g.spec.outputs, g.outputs),
+            (
+                "input",
+                acl.mdl.get_num_inputs,
+                acl.mdl.get_input_name_by_index,
+                acl.mdl.get_input_dims,
+                acl.mdl.get_input_data_type,
+                acl.mdl.get_input_size_by_index,
+                g.spec.inputs,
+                g.inputs,
+            ),
+            (
+                "output",
+                acl.mdl.get_num_outputs,
+                acl.mdl.get_output_name_by_index,
+                acl.mdl.get_output_dims,
+                acl.mdl.get_output_data_type,
+                acl.mdl.get_output_size_by_index,
+                g.spec.outputs,
+                g.outputs,
+            ),
         ):
             by_name = {t.name: t for t in specs}
             for i in range(int(count_fn(desc))):
                 name = name_fn(desc, i)
                 if name is None:
-                    raise BackendError(f"{self.name}.{where}: acl.mdl.get_{kind}_name_by_index({i}) returned None")
+                    raise BackendError(
+                        f"{self.name}.{where}: acl.mdl.get_{kind}_name_by_index({i}) returned None"
+                    )
                 name = str(name)
                 if kind == "input" and name == ACL_DYNAMIC_TENSOR_NAME:
                     g.dyn_index = i
                     continue
-                dims_dict = self._pair(dims_fn(desc, i), where, f"acl.mdl.get_{kind}_dims", f"{kind} {i} {name!r}")
+                dims_dict = self._pair(
+                    dims_fn(desc, i), where, f"acl.mdl.get_{kind}_dims", f"{kind} {i} {name!r}"
+                )
                 dims = [int(d) for d in dims_dict.get("dims", [])]
                 dtype = ACL_DTYPES.get(int(type_fn(desc, i)), f"aclDataType {int(type_fn(desc, i))}")
                 spec = by_name.get(_manifest_name(name, by_name))
@@ -494,22 +551,30 @@ class AclRuntime(Runtime):
             model_names = [t.name for t in got]
             for t in got:
                 if t.spec is None:
-                    raise BackendError(f"{pre}: model {kind} {t.name!r} is not in the manifest (manifest {kind}s: "
-                                       f"{', '.join(s.name for s in want)})")
+                    raise BackendError(
+                        f"{pre}: model {kind} {t.name!r} is not in the manifest (manifest {kind}s: "
+                        f"{', '.join(s.name for s in want)})"
+                    )
             matched = [t.spec.name for t in got]
             missing = [s.name for s in want if s.name not in matched]
             if missing:
-                raise BackendError(f"{pre}: manifest {kind}(s) {', '.join(map(repr, missing))} not in the model "
-                                   f"(model {kind}s: {', '.join(model_names) or 'none'})")
+                raise BackendError(
+                    f"{pre}: manifest {kind}(s) {', '.join(map(repr, missing))} not in the model "
+                    f"(model {kind}s: {', '.join(model_names) or 'none'})"
+                )
             if matched != [s.name for s in want]:
-                raise BackendError(f"{pre}: {kind} order differs: manifest {[s.name for s in want]}, model "
-                                   f"{model_names} (datasets are positional; re-export or reconvert)")
+                raise BackendError(
+                    f"{pre}: {kind} order differs: manifest {[s.name for s in want]}, model "
+                    f"{model_names} (datasets are positional; re-export or reconvert)"
+                )
             for t in got:
                 s = t.spec
                 if t.dtype != s.dtype:
-                    raise BackendError(f"{pre}: {kind} {s.name!r} dtype: manifest {s.dtype}, model {t.dtype} (ATC "
-                                       "may have changed it: keep fp32 I/O, e.g. without --output_type/"
-                                       "--input_fp16_nodes)")
+                    raise BackendError(
+                        f"{pre}: {kind} {s.name!r} dtype: manifest {s.dtype}, model {t.dtype} (ATC "
+                        "may have changed it: keep fp32 I/O, e.g. without --output_type/"
+                        "--input_fp16_nodes)"
+                    )
                 bad = len(t.dims) != len(s.shape)
                 for want_d, got_d in zip(s.shape, t.dims):
                     if isinstance(want_d, str):
@@ -517,51 +582,73 @@ class AclRuntime(Runtime):
                     elif got_d not in (-1, want_d):
                         bad = True
                 if bad:
-                    hint = " (compile the dynamic axis as gears: ATC --dynamic_dims)" if any(
-                        isinstance(d, str) for d in s.shape) else ""
-                    raise BackendError(f"{pre}: {kind} {s.name!r} shape: manifest {fmt_shape(s.shape)}, model "
-                                       f"{fmt_shape(t.dims)}{hint}")
+                    hint = (
+                        " (compile the dynamic axis as gears: ATC --dynamic_dims)"
+                        if any(isinstance(d, str) for d in s.shape)
+                        else ""
+                    )
+                    raise BackendError(
+                        f"{pre}: {kind} {s.name!r} shape: manifest {fmt_shape(s.shape)}, model "
+                        f"{fmt_shape(t.dims)}{hint}"
+                    )
                 if all(isinstance(d, int) for d in s.shape) and -1 not in t.dims:
                     need = prod(int(d) for d in s.shape) * DTYPES[s.dtype].itemsize
                     if t.size != need:
-                        raise BackendError(f"{pre}: {kind} {s.name!r} size: manifest {need} bytes, model {t.size}")
+                        raise BackendError(
+                            f"{pre}: {kind} {s.name!r} size: manifest {need} bytes, model {t.size}"
+                        )
         if any(isinstance(d, str) for t in g.spec.inputs for d in t.shape) and g.dyn_index < 0:
-            raise BackendError(f"{pre}: the manifest's inputs have dynamic axes but the model has no "
-                               f"{ACL_DYNAMIC_TENSOR_NAME} input (compile it with ATC --dynamic_dims)")
+            raise BackendError(
+                f"{pre}: the manifest's inputs have dynamic axes but the model has no "
+                f"{ACL_DYNAMIC_TENSOR_NAME} input (compile it with ATC --dynamic_dims)"
+            )
 
     def _read_gears(self, g: _Graph, where: str) -> None:
         """The compiled ``--dynamic_dims`` gears, each mapped to the manifest's symbols (e.g. ``{"K": 3}``), and the
         device buffer for ``ascend_mbatch_shape_data``."""
         acl = self.acl
-        count = self._pair(acl.mdl.get_input_dynamic_gear_count(g.desc, -1), where,
-                           "acl.mdl.get_input_dynamic_gear_count")
+        count = self._pair(
+            acl.mdl.get_input_dynamic_gear_count(g.desc, -1), where, "acl.mdl.get_input_dynamic_gear_count"
+        )
         if not count:
-            raise BackendError(f"{self.name}.{where}: the model has an {ACL_DYNAMIC_TENSOR_NAME} input but no "
-                               "dynamic-dims gears (dynamic batch / image size are not supported; use ATC "
-                               "--dynamic_dims)")
-        gears = self._pair(acl.mdl.get_input_dynamic_dims(g.desc, -1, int(count)), where,
-                           "acl.mdl.get_input_dynamic_dims")
+            raise BackendError(
+                f"{self.name}.{where}: the model has an {ACL_DYNAMIC_TENSOR_NAME} input but no "
+                "dynamic-dims gears (dynamic batch / image size are not supported; use ATC "
+                "--dynamic_dims)"
+            )
+        gears = self._pair(
+            acl.mdl.get_input_dynamic_dims(g.desc, -1, int(count)), where, "acl.mdl.get_input_dynamic_dims"
+        )
         for entry in gears:
             flat = tuple(int(d) for d in entry["dims"][: int(entry.get("dimCount", len(entry["dims"])))])
             values: dict[str, int] = {}
             pos = 0
             for t in g.inputs:
                 rank = len(t.dims)
-                shape = flat[pos:pos + rank]
+                shape = flat[pos : pos + rank]
                 pos += rank
                 for want, got in zip(t.spec.shape, shape):
                     if isinstance(want, str):
                         values[want] = got
             if pos != len(flat):
-                raise BackendError(f"{self.name}.{where}: gear dims {list(flat)} do not cover the model inputs "
-                                   f"({pos} dims)")
+                raise BackendError(
+                    f"{self.name}.{where}: gear dims {list(flat)} do not cover the model inputs ({pos} dims)"
+                )
             g.gears[flat] = values
         size = int(acl.mdl.get_input_size_by_index(g.desc, g.dyn_index)) or 8
-        g.dyn_ptr = self._pair(acl.rt.malloc(_align(size, IO_ALIGN), ACL_MEM_MALLOC_HUGE_FIRST), where,
-                               "acl.rt.malloc", f"{ACL_DYNAMIC_TENSOR_NAME}, {size} bytes")
+        g.dyn_ptr = self._pair(
+            acl.rt.malloc(_align(size, IO_ALIGN), ACL_MEM_MALLOC_HUGE_FIRST),
+            where,
+            "acl.rt.malloc",
+            f"{ACL_DYNAMIC_TENSOR_NAME}, {size} bytes",
+        )
         g.dyn_size = size
-        self._check(acl.rt.memset(g.dyn_ptr, _align(size, IO_ALIGN), 0, _align(size, IO_ALIGN)), where,
-                    "acl.rt.memset", ACL_DYNAMIC_TENSOR_NAME)
+        self._check(
+            acl.rt.memset(g.dyn_ptr, _align(size, IO_ALIGN), 0, _align(size, IO_ALIGN)),
+            where,
+            "acl.rt.memset",
+            ACL_DYNAMIC_TENSOR_NAME,
+        )
 
     @property
     def max_points(self) -> int | None:  # type: ignore[override]
@@ -579,60 +666,40 @@ class AclRuntime(Runtime):
         """A zero-filled device buffer (``acl.rt.malloc`` + ``acl.rt.memset``), its size rounded up to 64 bytes."""
         with self._lock:
             self._enter("alloc")
-            if dtype not in DTYPES:
-                raise BackendError(f"{self.name}.alloc({name or '?'}): unsupported dtype {dtype!r} "
-                                   f"(supported: {', '.join(DTYPES)})")
-            shape = tuple(shape)
-            if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
-                raise BackendError(f"{self.name}.alloc({name or '?'}): bad shape {shape}")
-            shape = tuple(int(d) for d in shape)
-            nbytes = prod(shape) * DTYPES[dtype].itemsize
+            shape, nbytes = self._alloc_args(shape, dtype, name)
             size = max(_align(nbytes, IO_ALIGN), IO_ALIGN)
             where = f"alloc({name or '?'})"
-            ptr = self._pair(self.acl.rt.malloc(size, ACL_MEM_MALLOC_HUGE_FIRST), where, "acl.rt.malloc",
-                             f"{size} bytes")
+            ptr = self._pair(
+                self.acl.rt.malloc(size, ACL_MEM_MALLOC_HUGE_FIRST), where, "acl.rt.malloc", f"{size} bytes"
+            )
             try:
                 self._check(self.acl.rt.memset(ptr, size, 0, size), where, "acl.rt.memset", f"{size} bytes")
             except BaseException:
                 self.acl.rt.free(ptr)
                 raise
-            handle = next(_HANDLES)
-            self._allocs[handle] = _Alloc(int(ptr), nbytes, name)
-            return DeviceBuffer(handle, 0, shape, dtype, nbytes, name)
-
-    def view(self, buf: DeviceBuffer, offset_elems: int, shape: tuple[int, ...]) -> DeviceBuffer:
-        """A window into ``buf`` (no copy); see :meth:`Runtime.view`."""
-        self._alloc_of(buf, "view")
-        return super().view(buf, offset_elems, shape)
-
-    def _alloc_of(self, buf: DeviceBuffer, call: str) -> _Alloc:
-        a = self._allocs.get(buf.handle) if isinstance(buf, DeviceBuffer) else None
-        if a is None:
-            what = f"buffer {buf.name or buf.handle}" if isinstance(buf, DeviceBuffer) else type(buf).__name__
-            raise BackendError(f"{self.name}.{call}: {what} is not a live buffer of this runtime (freed, or from "
-                               "another runtime)")
-        if buf.dtype not in DTYPES or buf.nbytes != prod(buf.shape) * DTYPES[buf.dtype].itemsize \
-                or buf.offset < 0 or buf.offset + buf.nbytes > a.nbytes:
-            raise BackendError(f"{self.name}.{call}: buffer {buf.name or buf.handle} window [{buf.offset}, "
-                               f"+{buf.nbytes}) {buf.dtype}{fmt_shape(buf.shape)} does not fit its {a.nbytes}-byte "
-                               "allocation")
-        return a
+            return self._register(Allocation(int(ptr), nbytes, name), shape, dtype, name)
 
     def upload(self, dst: DeviceBuffer, src: np.ndarray) -> None:
         """Copy ``src`` (same dtype and number of elements as ``dst``) host -> device with ``acl.rt.memcpy``."""
         with self._lock:
             self._enter("upload")
             a = self._alloc_of(dst, "upload")
-            src = np.asarray(src)
-            if src.dtype != DTYPES[dst.dtype] or src.size != dst.size:
-                raise BackendError(f"{self.name}.upload({dst.name or dst.handle}): source "
-                                   f"{src.dtype}{list(src.shape)} does not match buffer {dst.dtype}{list(dst.shape)}")
+            src = self._upload_source(dst, src)
             if dst.nbytes:
                 host = np.ascontiguousarray(src)
                 # the address numpy_to_ptr would return, without its per-call deprecation warning
-                self._check(self.acl.rt.memcpy(a.ptr + dst.offset, dst.nbytes, int(host.ctypes.data), dst.nbytes,
-                                               ACL_MEMCPY_HOST_TO_DEVICE),
-                            f"upload({dst.name or dst.handle})", "acl.rt.memcpy", f"host->device, {dst.nbytes} bytes")
+                self._check(
+                    self.acl.rt.memcpy(
+                        a.ptr + dst.offset,
+                        dst.nbytes,
+                        int(host.ctypes.data),
+                        dst.nbytes,
+                        ACL_MEMCPY_HOST_TO_DEVICE,
+                    ),
+                    f"upload({dst.name or dst.handle})",
+                    "acl.rt.memcpy",
+                    f"host->device, {dst.nbytes} bytes",
+                )
             self._count_h2d(dst.nbytes)
 
     def download(self, src: DeviceBuffer, out: np.ndarray | None = None) -> np.ndarray:
@@ -640,18 +707,20 @@ class AclRuntime(Runtime):
         with self._lock:
             self._enter("download")
             a = self._alloc_of(src, "download")
-            dt = DTYPES[src.dtype]
-            if out is None:
-                out = np.empty(src.shape, dt)
-            elif out.dtype != dt or out.shape != src.shape or not out.flags.c_contiguous or not out.flags.writeable:
-                raise BackendError(f"{self.name}.download({src.name or src.handle}): out {out.dtype}"
-                                   f"{list(out.shape)} must be a writeable C-contiguous {src.dtype}{list(src.shape)} "
-                                   "array")
+            out = self._download_target(src, out)
             if src.nbytes:
-                self._check(self.acl.rt.memcpy(int(out.ctypes.data), src.nbytes, a.ptr + src.offset, src.nbytes,
-                                               ACL_MEMCPY_DEVICE_TO_HOST),
-                            f"download({src.name or src.handle})", "acl.rt.memcpy",
-                            f"device->host, {src.nbytes} bytes")
+                self._check(
+                    self.acl.rt.memcpy(
+                        int(out.ctypes.data),
+                        src.nbytes,
+                        a.ptr + src.offset,
+                        src.nbytes,
+                        ACL_MEMCPY_DEVICE_TO_HOST,
+                    ),
+                    f"download({src.name or src.handle})",
+                    "acl.rt.memcpy",
+                    f"device->host, {src.nbytes} bytes",
+                )
             self._count_d2h(src.nbytes)
             return out
 
@@ -659,33 +728,29 @@ class AclRuntime(Runtime):
         """Release the allocation behind ``buf`` (any view of it) with ``acl.rt.free``."""
         with self._lock:
             self._enter("free")
-            a = self._allocs.pop(buf.handle, None)
-            if a is None:
-                raise BackendError(f"{self.name}.free: buffer {buf.name or buf.handle} is not live (double free, or "
-                                   "from another runtime)")
+            a = self._forget(buf)
             self._check(self.acl.rt.free(a.ptr), f"free({a.name or buf.handle})", "acl.rt.free")
 
-    def live_buffers(self) -> int:
-        """How many allocations are alive (0 after :meth:`close`)."""
-        return len(self._allocs)
-
     # -- memory plan -------------------------------------------------------------------------------------------------
-    def plan(self, manifest: Manifest, objects: int, sessions: int = 1,
-             reserve_bytes: int = RESERVE_BYTES) -> dict[str, Any]:
+    def plan(
+        self, manifest: Manifest, objects: int, sessions: int = 1, reserve_bytes: int = RESERVE_BYTES
+    ) -> dict[str, Any]:
         """Device memory ``sessions`` sessions of ``objects`` objects each will allocate, against free HBM now.
 
         Per object: the bank ``[C+N, T, M]`` and the pointer ring ``[Q, D]``; per session: every scratch tensor the
         session allocates (graph I/O other than the bank, pointers and their slot views, the points buffer at
         ``MAX_POINTS``, one extra mask for the zero mask prompt).  Sizes include allocation rounding.  The .om
         models' own work and weight memory was taken at load, so it is already missing from ``free_bytes``."""
-        from vostream.stages.trackers.sam2.session import MAX_POINTS
-
         with self._lock:
             self._enter("plan")
             bank_spec = manifest.graphs["memory_attention"].input("bank")
             ptr_spec = manifest.graphs["memory_attention"].input("ptrs")
-            bank = _footprint(manifest.key_slots * manifest.tokens_per_slot * manifest.mem_dim
-                              * DTYPES[bank_spec.dtype].itemsize)
+            bank = _footprint(
+                manifest.key_slots
+                * manifest.tokens_per_slot
+                * manifest.mem_dim
+                * DTYPES[bank_spec.dtype].itemsize
+            )
             ptrs = _footprint(manifest.pointer_slots * manifest.hidden_dim * DTYPES[ptr_spec.dtype].itemsize)
             scratch: dict[str, int] = {}
             for g in manifest.graphs.values():
@@ -702,13 +767,24 @@ class AclRuntime(Runtime):
             free, total = self._mem_info("plan")
             room = free - reserve_bytes - sessions * session_bytes
             max_objects = max(0, room // (sessions * per_object)) if sessions and per_object else 0
-            return {"objects": objects, "sessions": sessions, "bank_bytes": bank, "pointer_bytes": ptrs,
-                    "per_object_bytes": per_object, "session_scratch_bytes": session_bytes,
-                    "reserve_bytes": reserve_bytes, "need_bytes": need, "free_bytes": free, "total_bytes": total,
-                    "max_objects": int(max_objects), "fits": need <= free}
+            return {
+                "objects": objects,
+                "sessions": sessions,
+                "bank_bytes": bank,
+                "pointer_bytes": ptrs,
+                "per_object_bytes": per_object,
+                "session_scratch_bytes": session_bytes,
+                "reserve_bytes": reserve_bytes,
+                "need_bytes": need,
+                "free_bytes": free,
+                "total_bytes": total,
+                "max_objects": int(max_objects),
+                "fits": need <= free,
+            }
 
-    def check_memory(self, manifest: Manifest, objects: int, sessions: int = 1,
-                     reserve_bytes: int = RESERVE_BYTES) -> dict[str, Any]:
+    def check_memory(
+        self, manifest: Manifest, objects: int, sessions: int = 1, reserve_bytes: int = RESERVE_BYTES
+    ) -> dict[str, Any]:
         """:meth:`plan`, raising :class:`ConfigError` with the numbers when it does not fit the free HBM."""
         p = self.plan(manifest, objects, sessions, reserve_bytes)
         if not p["fits"]:
@@ -719,7 +795,8 @@ class AclRuntime(Runtime):
                 f"{p['free_bytes']} bytes ({p['free_bytes'] / mib:.1f} MiB) free of {p['total_bytes']}: "
                 f"{p['per_object_bytes']} bytes per object (bank {p['bank_bytes']} + pointers {p['pointer_bytes']}), "
                 f"{p['session_scratch_bytes']} bytes of scratch per session, {p['reserve_bytes']} bytes reserve; "
-                f"at most {p['max_objects']} objects fit: lower max_objects or free device memory")
+                f"at most {p['max_objects']} objects fit: lower max_objects or free device memory"
+            )
         return p
 
     def _mem_info(self, where: str) -> tuple[int, int]:
@@ -728,7 +805,9 @@ class AclRuntime(Runtime):
         return int(free), int(total)
 
     # -- running -----------------------------------------------------------------------------------------------------
-    def run(self, graph: str, inputs: Mapping[str, DeviceBuffer], outputs: Mapping[str, DeviceBuffer]) -> None:
+    def run(
+        self, graph: str, inputs: Mapping[str, DeviceBuffer], outputs: Mapping[str, DeviceBuffer]
+    ) -> None:
         """Run ``graph`` on device buffers bound by name (every input and output exactly once, dtypes and static
         dims as in the manifest, one value per dynamic symbol, outputs overlapping nothing else, 64-byte aligned
         addresses).  Data buffers are re-pointed where the bound window moved; dynamic graphs get their gear set;
@@ -737,35 +816,52 @@ class AclRuntime(Runtime):
             self._enter("run")
             g = self._graphs.get(graph)
             if g is None:
-                raise BackendError(f"{self.name}.run: graph {graph!r} is not loaded (loaded: "
-                                   f"{', '.join(self._graphs) or 'none'})")
+                raise BackendError(
+                    f"{self.name}.run: graph {graph!r} is not loaded (loaded: "
+                    f"{', '.join(self._graphs) or 'none'})"
+                )
             where = f"run({graph!r})"
-            addrs: dict[tuple[str, int], tuple[int, int]] = {}
-            spans: list[tuple[str, str, int, int, int]] = []
-            syms: dict[str, tuple[int, str]] = {}
-            for kind, tensors, given in (("input", g.inputs, inputs), ("output", g.outputs, outputs)):
-                check_bound_names(f"{self.name}.{where}", kind, [t.spec.name for t in tensors], given)
-                for t in tensors:
-                    n = t.spec.name
-                    buf = check_tensor(f"{self.name}.{where}", kind, t.spec, given.get(n), syms)
-                    a = self._alloc_of(buf, f"{where} {kind} {n!r}")
-                    addr = a.ptr + buf.offset
-                    if addr % IO_ALIGN:
-                        raise BackendError(f"{self.name}.{where}: {kind} {n!r} is bound to buffer "
-                                           f"{buf.name or buf.handle} at byte offset {buf.offset}, address "
-                                           f"0x{addr:x} is not {IO_ALIGN}-byte aligned (model I/O must be; slot sizes "
-                                           f"must be multiples of {IO_ALIGN} bytes)")
-                    addrs[(kind, t.index)] = (addr, buf.nbytes)
-                    spans.append((kind, n, buf.handle, buf.offset, buf.offset + buf.nbytes))
-            check_no_overlap(f"{self.name}.{where}", spans)
+
+            def aligned(kind: str, n: str, buf: DeviceBuffer, addr: int) -> None:
+                if addr % IO_ALIGN:
+                    raise BackendError(
+                        f"{self.name}.{where}: {kind} {n!r} is bound to buffer "
+                        f"{buf.name or buf.handle} at byte offset {buf.offset}, address "
+                        f"0x{addr:x} is not {IO_ALIGN}-byte aligned (model I/O must be; slot sizes "
+                        f"must be multiples of {IO_ALIGN} bytes)"
+                    )
+
+            bound, syms = self._check_bindings(
+                graph,
+                f"{self.name}.{where}",
+                (
+                    ("input", [t.spec for t in g.inputs], inputs),
+                    ("output", [t.spec for t in g.outputs], outputs),
+                ),
+                aligned,
+            )
+            index = {
+                (kind, t.spec.name): t.index
+                for kind, ts in (("input", g.inputs), ("output", g.outputs))
+                for t in ts
+            }
+            addrs = {(b.kind, index[(b.kind, b.spec.name)]): (b.addr, b.buf.nbytes) for b in bound}
             self._bind(g, where, addrs)
             if g.dyn_index >= 0:
                 self._set_gear(g, where, syms)
             t0 = time.perf_counter()
-            self._check(self.acl.mdl.execute_async(g.model_id, g.in_ds, g.out_ds, self._stream), where,
-                        "acl.mdl.execute_async", f"model {g.model_id}")
-            self._check(self.acl.rt.synchronize_stream(self._stream), where, "acl.rt.synchronize_stream",
-                        f"after executing model {g.model_id}")
+            self._check(
+                self.acl.mdl.execute_async(g.model_id, g.in_ds, g.out_ds, self._stream),
+                where,
+                "acl.mdl.execute_async",
+                f"model {g.model_id}",
+            )
+            self._check(
+                self.acl.rt.synchronize_stream(self._stream),
+                where,
+                "acl.rt.synchronize_stream",
+                f"after executing model {g.model_id}",
+            )
             self._count_run(graph, t0)
 
     def _bind(self, g: _Graph, where: str, addrs: dict[tuple[str, int], tuple[int, int]]) -> None:
@@ -774,14 +870,21 @@ class AclRuntime(Runtime):
         if not g.in_ds:
             self._build_datasets(g, where, addrs)
             return
-        for kind, buffers, tensors in (("input", g.in_buffers, g.inputs), ("output", g.out_buffers, g.outputs)):
+        for kind, buffers, tensors in (
+            ("input", g.in_buffers, g.inputs),
+            ("output", g.out_buffers, g.outputs),
+        ):
             for t, dbuf in zip(tensors, buffers):
                 key = (kind, t.index)
                 addr, size = addrs[key]
                 if g.bound.get(key) == (addr, size):
                     continue
-                self._check(acl.update_data_buffer(dbuf, addr, size), where, "acl.update_data_buffer",
-                            f"{kind} {t.spec.name!r} -> 0x{addr:x}, {size} bytes")
+                self._check(
+                    acl.update_data_buffer(dbuf, addr, size),
+                    where,
+                    "acl.update_data_buffer",
+                    f"{kind} {t.spec.name!r} -> 0x{addr:x}, {size} bytes",
+                )
                 g.bound[key] = (addr, size)
                 self.repoints[g.spec.name] = self.repoints.get(g.spec.name, 0) + 1
 
@@ -809,16 +912,21 @@ class AclRuntime(Runtime):
                 if i != g.dyn_index:
                     in_buffers.append(dbuf)
                     bound[("input", i)] = (addr, size)
-                self._pair(acl.mdl.add_dataset_buffer(in_ds, dbuf), where, "acl.mdl.add_dataset_buffer",
-                           f"input {i}")
+                self._pair(
+                    acl.mdl.add_dataset_buffer(in_ds, dbuf), where, "acl.mdl.add_dataset_buffer", f"input {i}"
+                )
             for t in g.outputs:
                 addr, size = addrs[("output", t.index)]
                 dbuf = self._data_buffer(where, addr, size)
                 created.append(dbuf)
                 out_buffers.append(dbuf)
                 bound[("output", t.index)] = (addr, size)
-                self._pair(acl.mdl.add_dataset_buffer(out_ds, dbuf), where, "acl.mdl.add_dataset_buffer",
-                           f"output {t.index}")
+                self._pair(
+                    acl.mdl.add_dataset_buffer(out_ds, dbuf),
+                    where,
+                    "acl.mdl.add_dataset_buffer",
+                    f"output {t.index}",
+                )
         except BaseException:
             for dbuf in created:
                 acl.destroy_data_buffer(dbuf)
@@ -831,13 +939,14 @@ class AclRuntime(Runtime):
     def _data_buffer(self, where: str, addr: int, size: int) -> int:
         dbuf = self.acl.create_data_buffer(addr, size)
         if not dbuf:
-            raise self._error(where, "acl.create_data_buffer", 100000, f"returned NULL for 0x{addr:x}, {size} bytes")
+            raise self._error(
+                where, "acl.create_data_buffer", 100000, f"returned NULL for 0x{addr:x}, {size} bytes"
+            )
         return int(dbuf)
 
     def _set_gear(self, g: _Graph, where: str, syms: dict[str, tuple[int, str]]) -> None:
         """``acl.mdl.set_input_dynamic_dims`` with every input's full shape for this run's symbol values."""
-        flat = tuple(int(v) if not isinstance(v, str) else syms[v][0]
-                     for t in g.inputs for v in t.spec.shape)
+        flat = tuple(int(v) if not isinstance(v, str) else syms[v][0] for t in g.inputs for v in t.spec.shape)
         if flat not in g.gears:
             got = ", ".join(f"{k}={v}" for k, (v, _) in sorted(syms.items()))
             compiled: dict[str, list[int]] = {}
@@ -846,12 +955,18 @@ class AclRuntime(Runtime):
                     compiled.setdefault(k, []).append(v)
             have = "; ".join(f"{k} in {sorted(set(v))}" for k, v in sorted(compiled.items()))
             most = max((max(v) for v in compiled.values()), default=0)
-            raise BackendError(f"{self.name}.{where}: {got} is not a compiled gear of {g.path.name} ({have}); the .om "
-                               f"has fixed gears (ATC --dynamic_dims): use at most {most} points per object and frame "
-                               "(a box counts as two), or recompile with more gears")
+            raise BackendError(
+                f"{self.name}.{where}: {got} is not a compiled gear of {g.path.name} ({have}); the .om "
+                f"has fixed gears (ATC --dynamic_dims): use at most {most} points per object and frame "
+                "(a box counts as two), or recompile with more gears"
+            )
         dims = {"name": "", "dimCount": len(flat), "dims": list(flat)}
-        self._check(self.acl.mdl.set_input_dynamic_dims(g.model_id, g.in_ds, g.dyn_index, dims), where,
-                    "acl.mdl.set_input_dynamic_dims", ", ".join(f"{k}={v}" for k, (v, _) in sorted(syms.items())))
+        self._check(
+            self.acl.mdl.set_input_dynamic_dims(g.model_id, g.in_ds, g.dyn_index, dims),
+            where,
+            "acl.mdl.set_input_dynamic_dims",
+            ", ".join(f"{k}={v}" for k, (v, _) in sorted(syms.items())),
+        )
         self.gear_sets[g.spec.name] = self.gear_sets.get(g.spec.name, 0) + 1
 
 
@@ -867,31 +982,4 @@ def _manifest_name(model_name: str, by_name: Mapping[str, object]) -> str:
     return model_name
 
 
-def AclTracker(model: str | Path | None = None, device_id: int = 0, max_objects: int = 8,
-               om_dir: str | Path | None = None, **options: Any) -> Sam2Tracker:
-    """Backend ``acl``: a SAM-2-family export whose graphs were converted to ``.om`` (ATC), on an Ascend NPU.
-
-    After loading, the device memory for one session of ``max_objects`` objects is planned against free HBM
-    (:meth:`AclRuntime.check_memory`); a plan that does not fit is a :class:`ConfigError` with the numbers."""
-    if options:
-        raise ConfigError(f"acl backend: unknown option(s) {', '.join(sorted(options))}; known: model, device_id, "
-                          "max_objects, om_dir")
-    if model is None:
-        raise ConfigError("--backend acl needs --model DIR (a directory written by 'vostream export', with the "
-                          ".om files converted by ATC next to the .onnx files or in om_dir)")
-    if not isinstance(max_objects, int) or max_objects < 1:
-        raise ConfigError(f"acl backend: max_objects must be an integer >= 1 (got {max_objects!r})")
-    from vostream.stages.trackers.sam2 import Sam2Tracker
-    from vostream.stages.trackers.sam2.manifest import load_manifest
-
-    load_manifest(model)  # a clear error for a bad directory before the device is touched
-    tracker = Sam2Tracker(model, AclRuntime(device_id=device_id, om_dir=om_dir), max_objects=max_objects)
-    try:
-        tracker.runtime.check_memory(tracker.manifest, max_objects)  # type: ignore[attr-defined]
-    except BaseException:
-        tracker.close()
-        raise
-    return tracker
-
-
-__all__ = ["ACL_ERRORS", "DECODER_GEARS", "AclRuntime", "AclTracker", "atc_dynamic_options", "describe_error"]
+__all__ = ["ACL_ERRORS", "DECODER_GEARS", "AclRuntime", "atc_dynamic_options", "describe_error"]

@@ -21,28 +21,19 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import glob
-import itertools
 import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from vostream.pipeline.errors import BackendError
 
-from vostream.stages.trackers.sam2.runtime import (
-    DTYPES,
-    DeviceBuffer,
-    Runtime,
-    check_bound_names,
-    check_no_overlap,
-    check_tensor,
-    fmt_shape,
-)
+from vostream.pipeline.errors import BackendError
+from vostream.stages.trackers.sam2.backends.binding import Allocation, BindingRuntime, fmt_shape
+from vostream.stages.trackers.sam2.runtime import DTYPES, DeviceBuffer
 
 if TYPE_CHECKING:
     from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec
@@ -63,33 +54,40 @@ _CUDA_MEMORY_EPS = (CUDA_EP, TRT_EP)
 
 #: ONNX Runtime type strings -> our dtype names (unsupported ones keep a readable name for error messages)
 _ORT_TYPES: dict[str, str] = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64", "tensor(int32)": "int32",
-    "tensor(uint8)": "uint8", "tensor(bool)": "bool", "tensor(double)": "float64", "tensor(bfloat16)": "bfloat16",
-    "tensor(int8)": "int8", "tensor(int16)": "int16", "tensor(uint16)": "uint16", "tensor(uint32)": "uint32",
-    "tensor(uint64)": "uint64", "tensor(string)": "string",
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+    "tensor(double)": "float64",
+    "tensor(bfloat16)": "bfloat16",
+    "tensor(int8)": "int8",
+    "tensor(int16)": "int16",
+    "tensor(uint16)": "uint16",
+    "tensor(uint32)": "uint32",
+    "tensor(uint64)": "uint64",
+    "tensor(string)": "string",
 }
 
 _ALIGN = 64
-#: buffer handles are unique across all OrtRuntime instances, so a buffer from another runtime is never mistaken
-_HANDLES = itertools.count(1)
 
 
 def _import_ort() -> Any:
     try:
         import onnxruntime
     except ImportError as exc:
-        raise BackendError("OrtRuntime: onnxruntime is not installed; install it with pip install 'vostream[onnx]' "
-                           "(or onnxruntime-gpu for CUDA / TensorRT)") from exc
+        raise BackendError(
+            "OrtRuntime: onnxruntime is not installed; install it with pip install 'vostream[onnx]' "
+            "(or onnxruntime-gpu for CUDA / TensorRT)"
+        ) from exc
     return onnxruntime
 
 
 @dataclass
-class _Alloc:
+class _Alloc(Allocation):
     """One allocation: ``nbytes`` at address ``ptr``; ``host`` (CPU) or ``dev`` (a CUDA ``OrtValue``) owns it."""
 
-    nbytes: int
-    ptr: int
-    name: str
     host: np.ndarray | None = None
     dev: Any = None
 
@@ -105,7 +103,7 @@ class _Graph:
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
     bound: dict[tuple[str, str], tuple[int, int, tuple[int, ...]]] = field(default_factory=dict)
-    out_order: list[str] = field(default_factory=list)    # binding order of outputs = order of get_outputs()
+    out_order: list[str] = field(default_factory=list)  # binding order of outputs = order of get_outputs()
 
 
 class _CudaRT:
@@ -131,8 +129,11 @@ class _CudaRT:
 
     @staticmethod
     def _find(ort: Any) -> Any:
-        names = ("cudart64_12.dll", "cudart64_13.dll", "cudart64_110.dll") if sys.platform == "win32" else (
-            "libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so")
+        names = (
+            ("cudart64_12.dll", "cudart64_13.dll", "cudart64_110.dll")
+            if sys.platform == "win32"
+            else ("libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so")
+        )
 
         def attempt() -> Any:
             for n in names:
@@ -150,12 +151,14 @@ class _CudaRT:
 
         lib = attempt()
         if lib is None and hasattr(ort, "preload_dlls"):
-            with contextlib.suppress(Exception):    # best effort; the error below explains what is missing
+            with contextlib.suppress(Exception):  # best effort; the error below explains what is missing
                 ort.preload_dlls(cuda=True, cudnn=False, msvc=False)
             lib = attempt()
         if lib is None:
-            raise BackendError("OrtRuntime: copying to/from part of a CUDA buffer needs the CUDA runtime library "
-                               f"(tried {', '.join(names)}); install the CUDA runtime matching onnxruntime-gpu")
+            raise BackendError(
+                "OrtRuntime: copying to/from part of a CUDA buffer needs the CUDA runtime library "
+                f"(tried {', '.join(names)}); install the CUDA runtime matching onnxruntime-gpu"
+            )
         return lib
 
     def _check(self, rc: int, what: str) -> None:
@@ -171,7 +174,7 @@ class _CudaRT:
         self._check(self.lib.cudaDeviceSynchronize(), what)
 
 
-class OrtRuntime(Runtime):
+class OrtRuntime(BindingRuntime[_Alloc]):
     """ONNX Runtime on CPU, CUDA or TensorRT.  One device, one driving thread; not thread-safe.
 
     ``providers``: ONNX Runtime provider names or the short names ``cpu``, ``cuda``, ``tensorrt`` (TensorRT, CUDA,
@@ -183,9 +186,16 @@ class OrtRuntime(Runtime):
 
     name = "OrtRuntime"
 
-    def __init__(self, providers: Sequence[str | tuple[str, dict[str, Any]]] | str | None = None, device_id: int = 0,
-                 threads: int | None = None, session_options: Any = None, *, trt_fp16: bool = False,
-                 trt_cache_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        providers: Sequence[str | tuple[str, dict[str, Any]]] | str | None = None,
+        device_id: int = 0,
+        threads: int | None = None,
+        session_options: Any = None,
+        *,
+        trt_fp16: bool = False,
+        trt_cache_dir: str | Path | None = None,
+    ) -> None:
         super().__init__()
         self._ort = _import_ort()
         self.device_id = int(device_id)
@@ -202,22 +212,27 @@ class OrtRuntime(Runtime):
             # the tracker shares the cores with decode/preprocess/postprocess threads: idle ORT workers must sleep,
             # not spin (spinning workers starve the other pipeline stages on small machines)
             session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            session_options.log_severity_level = 3  # ORT's own warnings (shape-merge notes) are not actionable
+            session_options.log_severity_level = (
+                3  # ORT's own warnings (shape-merge notes) are not actionable
+            )
         if threads is not None:
             if threads < 1:
                 raise BackendError(f"OrtRuntime: threads must be >= 1 (got {threads})")
             session_options.intra_op_num_threads = int(threads)
         self._so = session_options
         self._graphs: dict[str, _Graph] = {}
-        self._allocs: dict[int, _Alloc] = {}
         self._cudart: _CudaRT | None = None
         self._closed = False
         #: ``"graph/output" -> count`` of runs where ORT did not write into the bound buffer and a copy was needed
         self.inplace_fallbacks: dict[str, int] = {}
 
     # -- construction ------------------------------------------------------------------------------------------------
-    def _resolve_providers(self, providers: Sequence[str | tuple[str, dict[str, Any]]] | str | None, trt_fp16: bool,
-                           trt_cache_dir: str | Path | None) -> list[str | tuple[str, dict[str, Any]]]:
+    def _resolve_providers(
+        self,
+        providers: Sequence[str | tuple[str, dict[str, Any]]] | str | None,
+        trt_fp16: bool,
+        trt_cache_dir: str | Path | None,
+    ) -> list[str | tuple[str, dict[str, Any]]]:
         """Expand short names, add default options, drop duplicates, and refuse providers this ORT build lacks."""
         if providers is None:
             providers = [CPU_EP]
@@ -232,7 +247,9 @@ class OrtRuntime(Runtime):
             elif isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], dict):
                 expanded.append((p[0], dict(p[1])))
             else:
-                raise BackendError(f"OrtRuntime: provider entry {p!r} is neither a name nor a (name, options) pair")
+                raise BackendError(
+                    f"OrtRuntime: provider entry {p!r} is neither a name nor a (name, options) pair"
+                )
         available = list(self._ort.get_available_providers())
         out: list[str | tuple[str, dict[str, Any]]] = []
         seen: set[str] = set()
@@ -242,11 +259,16 @@ class OrtRuntime(Runtime):
                 continue
             seen.add(pname)
             if pname not in available:
-                hint = ("install the GPU build: pip uninstall onnxruntime && pip install onnxruntime-gpu "
-                        "(TensorRT also needs the TensorRT libraries)" if pname in _CUDA_MEMORY_EPS
-                        else "install an onnxruntime build that includes it")
-                raise BackendError(f"OrtRuntime: execution provider {pname} is not available in onnxruntime "
-                                   f"{self._ort.__version__} (available: {', '.join(available)}); {hint}")
+                hint = (
+                    "install the GPU build: pip uninstall onnxruntime && pip install onnxruntime-gpu "
+                    "(TensorRT also needs the TensorRT libraries)"
+                    if pname in _CUDA_MEMORY_EPS
+                    else "install an onnxruntime build that includes it"
+                )
+                raise BackendError(
+                    f"OrtRuntime: execution provider {pname} is not available in onnxruntime "
+                    f"{self._ort.__version__} (available: {', '.join(available)}); {hint}"
+                )
             if isinstance(p, str):
                 if pname == CUDA_EP:
                     p = (pname, {"device_id": self.device_id})
@@ -274,44 +296,63 @@ class OrtRuntime(Runtime):
             spec = spec.with_shrinkable_axes()  # ORT takes any size there: sessions may bind shorter views
             path = model_dir / spec.file
             if not path.is_file():
-                raise BackendError(f"OrtRuntime.load: graph {gname!r}: model file {path} not found "
-                                   f"(provider {self._primary})")
+                raise BackendError(
+                    f"OrtRuntime.load: graph {gname!r}: model file {path} not found "
+                    f"(provider {self._primary})"
+                )
             try:
                 sess = self._ort.InferenceSession(str(path), sess_options=self._so, providers=self._providers)
             except Exception as exc:
-                raise BackendError(f"OrtRuntime.load: graph {gname!r}: cannot load {path} with {self._primary}: "
-                                   f"{exc}") from exc
+                raise BackendError(
+                    f"OrtRuntime.load: graph {gname!r}: cannot load {path} with {self._primary}: {exc}"
+                ) from exc
             active = list(sess.get_providers())
             if self._primary not in active:
-                raise BackendError(f"OrtRuntime.load: graph {gname!r}: {path} was requested on {self._primary} but "
-                                   f"onnxruntime put it on {', '.join(active)} (the provider failed to initialise; "
-                                   "check the CUDA / cuDNN / TensorRT libraries match onnxruntime-gpu)")
+                raise BackendError(
+                    f"OrtRuntime.load: graph {gname!r}: {path} was requested on {self._primary} but "
+                    f"onnxruntime put it on {', '.join(active)} (the provider failed to initialise; "
+                    "check the CUDA / cuDNN / TensorRT libraries match onnxruntime-gpu)"
+                )
             self._check_io(gname, spec, path, sess)
-            loaded[gname] = _Graph(spec, path, sess, sess.io_binding(), {t.name: t for t in spec.inputs},
-                                   {t.name: t for t in spec.outputs})
+            loaded[gname] = _Graph(
+                spec,
+                path,
+                sess,
+                sess.io_binding(),
+                {t.name: t for t in spec.inputs},
+                {t.name: t for t in spec.outputs},
+            )
         self._graphs = loaded
 
     @staticmethod
     def _check_io(gname: str, spec: GraphSpec, path: Path, sess: Any) -> None:
         """Raise ``BackendError`` naming graph, tensor and both values where the model and the manifest disagree."""
-        for kind, want, got in (("input", spec.inputs, sess.get_inputs()),
-                                ("output", spec.outputs, sess.get_outputs())):
+        for kind, want, got in (
+            ("input", spec.inputs, sess.get_inputs()),
+            ("output", spec.outputs, sess.get_outputs()),
+        ):
             model = {n.name: n for n in got}
             names = [t.name for t in want]
             for t in want:
                 if t.name not in model:
-                    raise BackendError(f"OrtRuntime.load: graph {gname!r} ({path.name}): {kind} {t.name!r} is in the "
-                                       f"manifest but not in the model (model {kind}s: {', '.join(model) or 'none'})")
+                    raise BackendError(
+                        f"OrtRuntime.load: graph {gname!r} ({path.name}): {kind} {t.name!r} is in the "
+                        f"manifest but not in the model (model {kind}s: {', '.join(model) or 'none'})"
+                    )
             for n in model:
                 if n not in names:
-                    raise BackendError(f"OrtRuntime.load: graph {gname!r} ({path.name}): model {kind} {n!r} is not in "
-                                       f"the manifest (manifest {kind}s: {', '.join(names) or 'none'})")
+                    raise BackendError(
+                        f"OrtRuntime.load: graph {gname!r} ({path.name}): model {kind} {n!r} is not in "
+                        f"the manifest (manifest {kind}s: {', '.join(names) or 'none'})"
+                    )
             for t in want:
                 m = model[t.name]
                 mdtype = _ORT_TYPES.get(m.type, m.type)
                 if mdtype != t.dtype:
-                    raise BackendError(f"OrtRuntime.load: graph {gname!r} ({path.name}): {kind} {t.name!r} dtype: "
-                                       f"manifest {t.dtype}, model {mdtype}")
+                    raise BackendError(
+                        f"OrtRuntime.load: graph {gname!r} ({path.name}): {kind} {t.name!r} dtype: "
+                        f"manifest {t.dtype}, model {mdtype}"
+                    )
                 mshape = list(m.shape)
                 bad = len(mshape) != len(t.shape)
                 for a, b in zip(t.shape, mshape):
@@ -320,8 +361,10 @@ class OrtRuntime(Runtime):
                     if isinstance(b, int) and (isinstance(a, str) or a != b):
                         bad = True
                 if bad:
-                    raise BackendError(f"OrtRuntime.load: graph {gname!r} ({path.name}): {kind} {t.name!r} shape: "
-                                       f"manifest {fmt_shape(t.shape)}, model {fmt_shape(mshape)}")
+                    raise BackendError(
+                        f"OrtRuntime.load: graph {gname!r} ({path.name}): {kind} {t.name!r} shape: "
+                        f"manifest {fmt_shape(t.shape)}, model {fmt_shape(mshape)}"
+                    )
 
     @property
     def providers_in_use(self) -> dict[str, list[str]]:
@@ -333,62 +376,45 @@ class OrtRuntime(Runtime):
         """One line for logs: ORT version, providers, device, threads, graphs and live memory."""
         names = [p if isinstance(p, str) else p[0] for p in self._providers]
         live = sum(a.nbytes for a in self._allocs.values())
-        state = "closed" if self._closed else f"{len(self._graphs)} graphs, {len(self._allocs)} buffers " \
-                                              f"({live / 2**20:.1f} MiB)"
-        return (f"OrtRuntime(onnxruntime {self._ort.__version__}, providers {'>'.join(names)}, "
-                f"memory {self._device_type}:{self.device_id}, threads {self.threads or 'default'}, {state})")
+        state = (
+            "closed"
+            if self._closed
+            else f"{len(self._graphs)} graphs, {len(self._allocs)} buffers ({live / 2**20:.1f} MiB)"
+        )
+        return (
+            f"OrtRuntime(onnxruntime {self._ort.__version__}, providers {'>'.join(names)}, "
+            f"memory {self._device_type}:{self.device_id}, threads {self.threads or 'default'}, {state})"
+        )
 
     # -- memory ------------------------------------------------------------------------------------------------------
     def alloc(self, shape: tuple[int, ...], dtype: str, name: str = "") -> DeviceBuffer:
         """A zero-filled buffer: a 64-byte-aligned NumPy byte block on CPU, an ORT CUDA allocation on CUDA."""
         self._check_open("alloc")
-        if dtype not in DTYPES:
-            raise BackendError(f"OrtRuntime.alloc({name or '?'}): unsupported dtype {dtype!r} "
-                               f"(supported: {', '.join(DTYPES)})")
-        shape = tuple(shape)
-        if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
-            raise BackendError(f"OrtRuntime.alloc({name or '?'}): bad shape {shape}")
-        shape = tuple(int(d) for d in shape)
-        nbytes = prod(shape) * DTYPES[dtype].itemsize
-        handle = next(_HANDLES)
+        shape, nbytes = self._alloc_args(shape, dtype, name)
         if self._device_type == "cpu":
             raw = np.zeros(nbytes + _ALIGN, np.uint8)
             start = -raw.ctypes.data % _ALIGN
-            host = raw[start:start + nbytes]
-            self._allocs[handle] = _Alloc(nbytes, host.ctypes.data, name, host=host)
-        else:
-            try:
-                ov = self._ort.OrtValue.ortvalue_from_numpy(np.zeros(max(nbytes, 1), np.uint8), "cuda",
-                                                           self.device_id)
-            except Exception as exc:
-                raise BackendError(f"OrtRuntime.alloc({name or '?'}): cannot allocate {nbytes} bytes on "
-                                   f"cuda:{self.device_id}: {exc}") from exc
-            self._allocs[handle] = _Alloc(nbytes, int(ov.data_ptr()), name, dev=ov)
-        return DeviceBuffer(handle, 0, shape, dtype, nbytes, name)
+            host = raw[start : start + nbytes]
+            return self._register(_Alloc(host.ctypes.data, nbytes, name, host=host), shape, dtype, name)
+        try:
+            ov = self._ort.OrtValue.ortvalue_from_numpy(
+                np.zeros(max(nbytes, 1), np.uint8), "cuda", self.device_id
+            )
+        except Exception as exc:
+            raise BackendError(
+                f"OrtRuntime.alloc({name or '?'}): cannot allocate {nbytes} bytes on "
+                f"cuda:{self.device_id}: {exc}"
+            ) from exc
+        return self._register(_Alloc(int(ov.data_ptr()), nbytes, name, dev=ov), shape, dtype, name)
 
     def view(self, buf: DeviceBuffer, offset_elems: int, shape: tuple[int, ...]) -> DeviceBuffer:
         """A window into ``buf`` (no copy); see :meth:`Runtime.view`."""
         self._check_open("view")
-        self._alloc_of(buf, "view")
         return super().view(buf, offset_elems, shape)
-
-    def _alloc_of(self, buf: DeviceBuffer, call: str) -> _Alloc:
-        """The live allocation behind ``buf``, after checking the window is consistent and inside it."""
-        a = self._allocs.get(buf.handle) if isinstance(buf, DeviceBuffer) else None
-        if a is None:
-            what = f"buffer {buf.name or buf.handle}" if isinstance(buf, DeviceBuffer) else f"{type(buf).__name__}"
-            raise BackendError(f"OrtRuntime.{call}: {what} is not a live buffer of this runtime (freed, or from "
-                               "another runtime)")
-        if buf.dtype not in DTYPES or buf.nbytes != prod(buf.shape) * DTYPES[buf.dtype].itemsize \
-                or buf.offset < 0 or buf.offset + buf.nbytes > a.nbytes:
-            raise BackendError(f"OrtRuntime.{call}: buffer {buf.name or buf.handle} window "
-                               f"[{buf.offset}, +{buf.nbytes}) {buf.dtype}{fmt_shape(buf.shape)} does not fit its "
-                               f"{a.nbytes}-byte allocation")
-        return a
 
     def _host_window(self, a: _Alloc, buf: DeviceBuffer) -> np.ndarray:
         assert a.host is not None
-        return a.host[buf.offset:buf.offset + buf.nbytes].view(DTYPES[buf.dtype]).reshape(buf.shape)
+        return a.host[buf.offset : buf.offset + buf.nbytes].view(DTYPES[buf.dtype]).reshape(buf.shape)
 
     def _cuda(self) -> _CudaRT:
         if self._cudart is None:
@@ -399,10 +425,7 @@ class OrtRuntime(Runtime):
         """Copy ``src`` (same dtype and number of elements as ``dst``) host -> device; counted in ``stats``."""
         self._check_open("upload")
         a = self._alloc_of(dst, "upload")
-        src = np.asarray(src)
-        if src.dtype != DTYPES[dst.dtype] or src.size != dst.size:
-            raise BackendError(f"OrtRuntime.upload({dst.name or dst.handle}): source {src.dtype}{list(src.shape)} "
-                               f"does not match buffer {dst.dtype}{list(dst.shape)}")
+        src = self._upload_source(dst, src)
         if a.host is not None:
             np.copyto(self._host_window(a, dst), src.reshape(dst.shape))
         elif dst.nbytes:
@@ -423,11 +446,7 @@ class OrtRuntime(Runtime):
         self._check_open("download")
         a = self._alloc_of(src, "download")
         dt = DTYPES[src.dtype]
-        if out is None:
-            out = np.empty(src.shape, dt)
-        elif out.dtype != dt or out.shape != src.shape or not out.flags.c_contiguous or not out.flags.writeable:
-            raise BackendError(f"OrtRuntime.download({src.name or src.handle}): out {out.dtype}{list(out.shape)} must "
-                               f"be a writeable C-contiguous {src.dtype}{list(src.shape)} array")
+        out = self._download_target(src, out)
         if a.host is not None:
             np.copyto(out, self._host_window(a, src))
         elif src.nbytes:
@@ -435,7 +454,9 @@ class OrtRuntime(Runtime):
                 if src.offset == 0 and src.nbytes == a.nbytes:
                     np.copyto(out, a.dev.numpy().view(dt).reshape(src.shape))
                 else:
-                    self._cuda().copy(out.ctypes.data, a.ptr + src.offset, src.nbytes, _CudaRT.D2H, "download")
+                    self._cuda().copy(
+                        out.ctypes.data, a.ptr + src.offset, src.nbytes, _CudaRT.D2H, "download"
+                    )
             except BackendError:
                 raise
             except Exception as exc:
@@ -446,13 +467,7 @@ class OrtRuntime(Runtime):
     def free(self, buf: DeviceBuffer) -> None:
         """Release the allocation behind ``buf`` (any view of it); views of it become invalid."""
         self._check_open("free")
-        if self._allocs.pop(buf.handle, None) is None:
-            raise BackendError(f"OrtRuntime.free: buffer {buf.name or buf.handle} is not live (double free, or from "
-                               "another runtime)")
-
-    def live_buffers(self) -> int:
-        """How many allocations are alive.  Also answers after :meth:`close` (0), for leak checks."""
-        return len(self._allocs)
+        self._forget(buf)
 
     def close(self) -> None:
         """Free every buffer and drop the sessions and bindings.  Idempotent."""
@@ -466,27 +481,24 @@ class OrtRuntime(Runtime):
         self._closed = True
 
     # -- running -----------------------------------------------------------------------------------------------------
-    def run(self, graph: str, inputs: Mapping[str, DeviceBuffer], outputs: Mapping[str, DeviceBuffer]) -> None:
+    def run(
+        self, graph: str, inputs: Mapping[str, DeviceBuffer], outputs: Mapping[str, DeviceBuffer]
+    ) -> None:
         """Run ``graph``: every input and every output bound exactly once, by name, to a buffer whose dtype and
         static dims match the manifest (a dynamic axis symbol takes the same value everywhere in one run); outputs
         may not overlap each other or any input.  ORT writes the outputs into the bound memory."""
         self._check_open("run")
         g = self._graphs.get(graph)
         if g is None:
-            raise BackendError(f"OrtRuntime.run: graph {graph!r} is not loaded (loaded: "
-                               f"{', '.join(self._graphs) or 'none'})")
-        where = f"OrtRuntime.run({graph!r})"
-        ptrs: dict[tuple[str, str], int] = {}
-        spans: list[tuple[str, str, int, int, int]] = []    # kind, name, handle, start, end
-        syms: dict[str, tuple[int, str]] = {}
-        for kind, specs, given in (("input", g.inputs, inputs), ("output", g.outputs, outputs)):
-            check_bound_names(where, kind, list(specs), given)
-            for n, spec in specs.items():
-                buf = check_tensor(where, kind, spec, given.get(n), syms)
-                a = self._alloc_of(buf, f"run({graph!r}) {kind} {n!r}")
-                ptrs[(kind, n)] = a.ptr + buf.offset
-                spans.append((kind, n, buf.handle, buf.offset, buf.offset + buf.nbytes))
-        check_no_overlap(where, spans)
+            raise BackendError(
+                f"OrtRuntime.run: graph {graph!r} is not loaded (loaded: {', '.join(self._graphs) or 'none'})"
+            )
+        bound, _ = self._check_bindings(
+            graph,
+            f"OrtRuntime.run({graph!r})",
+            (("input", list(g.inputs.values()), inputs), ("output", list(g.outputs.values()), outputs)),
+        )
+        ptrs = {(b.kind, b.spec.name): b.addr for b in bound}
         b = g.binding
         dev, did = self._device_type, (self.device_id if self._device_type == "cuda" else 0)
         for kind, given in (("input", inputs), ("output", outputs)):
@@ -514,13 +526,15 @@ class OrtRuntime(Runtime):
         self._count_run(graph, t0)
         self._ensure_in_place(graph, g, outputs, ptrs)
 
-    def _ensure_in_place(self, graph: str, g: _Graph, outputs: Mapping[str, DeviceBuffer],
-                         ptrs: dict[tuple[str, str], int]) -> None:
+    def _ensure_in_place(
+        self, graph: str, g: _Graph, outputs: Mapping[str, DeviceBuffer], ptrs: dict[tuple[str, str], int]
+    ) -> None:
         """Check ORT wrote every output into the bound memory; copy (counted as d2d) where it did not."""
         got = g.binding.get_outputs()
         if len(got) != len(g.out_order):
-            raise BackendError(f"OrtRuntime.run({graph!r}): ORT returned {len(got)} outputs for "
-                               f"{len(g.out_order)} bound")
+            raise BackendError(
+                f"OrtRuntime.run({graph!r}): ORT returned {len(got)} outputs for {len(g.out_order)} bound"
+            )
         for n, ov in zip(g.out_order, got):
             buf = outputs[n]
             if not buf.nbytes or int(ov.data_ptr()) == ptrs[("output", n)]:

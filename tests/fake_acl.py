@@ -23,8 +23,8 @@ What it models:
   shapes, datasets and data buffers, ``execute`` and ``execute_async`` (queued on the stream, run at
   ``synchronize_stream``) reading inputs from and writing outputs into the arena at the data buffers' addresses,
   dynamic gears (``ascend_mbatch_shape_data``) configured through ATC-like ONNX metadata keys
-  (``acl_fake.input_shape``, ``acl_fake.dynamic_batch_size``, ``acl_fake.dynamic_image_size``,
-  ``acl_fake.dynamic_dims``) or :func:`model_options`;
+  (``fake_acl.input_shape``, ``fake_acl.dynamic_batch_size``, ``fake_acl.dynamic_image_size``,
+  ``fake_acl.dynamic_dims``) or :func:`model_options`;
 * accounting (:func:`stats`), leak reporting (:func:`live_handles`, :func:`assert_no_leaks`), fault injection
   (:func:`inject`), and test isolation (:func:`reset`).
 
@@ -42,15 +42,12 @@ from __future__ import annotations
 import bisect
 import collections
 import ctypes
-import hashlib
 import operator
 import os
-import queue
 import sys
 import threading
 import time
 import types
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -208,14 +205,6 @@ GUESSES: tuple[str, ...] = (
         "as authoritative."
     ),
     (
-        "memcpy_async requires 64-byte aligned src/dst (older docs; current docs no longer say so) and fails "
-        "with 107008 ACL_ERROR_RT_ADDR_UNALIGNED; configure(async_align=1) disables the check."
-    ),
-    (
-        "memcpy_async with a host side not from malloc_host (unpinned) completes before returning (current "
-        "docs); with pinned memory it runs at synchronize time, reading the host buffer then."
-    ),
-    (
         "Model I/O addresses (data buffers given to execute/execute_async) must be 64-byte aligned, like the "
         "docs' rule for user-managed sub-allocations; misaligned -> 107008.  configure(io_align=1) disables "
         "the check."
@@ -252,12 +241,12 @@ GUESSES: tuple[str, ...] = (
         "(dataset, data buffer, model desc, tensor desc) -> 100000; a NULL handle where one is required -> "
         "100000."
     ),
-    "destroy_stream drains the stream's queued tasks first and returns the first task error, if any.",
+    ("destroy_stream drains the stream's queued tasks first and returns the first task error, if any."),
     (
         "unload of a model with queued, unsynchronised execute_async work -> 107037 "
         "ACL_ERROR_RT_MODEL_RUNNING."
     ),
-    "execute_async of one model on a second stream while work is still queued on the first -> 100000.",
+    ("execute_async of one model on a second stream while work is still queued on the first -> 100000."),
     (
         "Model id numbering starts at 1; model inputs/outputs keep the ONNX graph order; ONNX int64 stays "
         "INT64 (ATC may convert it); 4-D tensors report format NCHW, others ND; names longer than 127 "
@@ -277,14 +266,10 @@ GUESSES: tuple[str, ...] = (
         "Invalid batch gear -> 145013; invalid image size or dims gear -> 145021; set_* on a static model or "
         "the wrong kind of dynamic model -> 100019; idx not the ascend_mbatch_shape_data index -> 100000."
     ),
+    ("get_recent_err_msg is per thread, returns None when there is no message and clears it when read."),
     (
-        "get_dynamic_batch / get_dynamic_hw / get_input_dynamic_gear_count on a model without that kind of "
-        "gear return an empty result with ret 0."
-    ),
-    "get_recent_err_msg is per thread, returns None when there is no message and clears it when read.",
-    (
-        "malloc beyond the configured HBM capacity -> (0, 207001 ACL_ERROR_RT_MEMORY_ALLOCATION); "
-        "malloc_align32 rounds to 32 without the extra 32 bytes; out-of-range policies are accepted."
+        "malloc beyond the configured HBM capacity -> (0, 207001 ACL_ERROR_RT_MEMORY_ALLOCATION); out-of-"
+        "range policies are accepted."
     ),
     (
         "get_mem_info: HBM attributes report the configured capacity and padded bytes in use; DDR attributes "
@@ -295,25 +280,9 @@ GUESSES: tuple[str, ...] = (
         "(1)."
     ),
     (
-        "launch_callback on a stream with no subscribed thread -> 100034; subscribe_report on an already "
-        "subscribed stream -> 100033; process_report in a thread with no subscription -> 100035, timeout -> "
-        "100036."
+        "Pointer/size arguments (PyArg formats k/K/I/H) reject numpy integers as CPython <= 3.13 does (3.14 "
+        "may accept __index__ objects); int arguments (format i) accept anything with __index__."
     ),
-    (
-        "Callbacks are delivered when the stream is drained (synchronize_*); a BLOCK callback makes the "
-        "draining thread wait for the subscribed thread to run it (507012 after "
-        "configure(callback_timeout_s))."
-    ),
-    (
-        "util.ptr_to_bytes / ptr_to_numpy on a device pointer raise ValueError (real pyACL would crash "
-        "reading it); host pointers below 64 KiB are rejected with 100000 by memcpy instead of crashing."
-    ),
-    "stop_thread on an unknown thread id returns 3 (ESRCH from pthread_join).",
-    (
-        "Pointer/size arguments (PyArg formats k/K/I/H) reject numpy integers as CPython <= 3.13 does (3.14 may "
-        "accept __index__ objects); int arguments (format i) accept anything with __index__."
-    ),
-    "The fake does not emulate that acl.mdl.execute holds the GIL (ONNX Runtime releases it).",
     (
         "Sub-modules are also registered as sys.modules['acl.rt'] etc., as PyImport_AddModule does in "
         "PyInit_acl."
@@ -351,9 +320,26 @@ _ACL_TYPES: dict[str, tuple[Any, int]] = {
 }
 
 _DTYPE_SIZES = {
-    ACL_FLOAT: 4, ACL_FLOAT16: 2, ACL_INT8: 1, ACL_INT32: 4, ACL_UINT8: 1, ACL_INT16: 2, ACL_UINT16: 2,
-    ACL_UINT32: 4, ACL_INT64: 8, ACL_UINT64: 8, ACL_DOUBLE: 8, ACL_BOOL: 1, ACL_COMPLEX64: 8, ACL_COMPLEX128: 16,
-    ACL_BF16: 2, ACL_COMPLEX32: 4, ACL_HIFLOAT8: 1, ACL_FLOAT8_E5M2: 1, ACL_FLOAT8_E4M3FN: 1, ACL_FLOAT8_E8M0: 1,
+    ACL_FLOAT: 4,
+    ACL_FLOAT16: 2,
+    ACL_INT8: 1,
+    ACL_INT32: 4,
+    ACL_UINT8: 1,
+    ACL_INT16: 2,
+    ACL_UINT16: 2,
+    ACL_UINT32: 4,
+    ACL_INT64: 8,
+    ACL_UINT64: 8,
+    ACL_DOUBLE: 8,
+    ACL_BOOL: 1,
+    ACL_COMPLEX64: 8,
+    ACL_COMPLEX128: 16,
+    ACL_BF16: 2,
+    ACL_COMPLEX32: 4,
+    ACL_HIFLOAT8: 1,
+    ACL_FLOAT8_E5M2: 1,
+    ACL_FLOAT8_E4M3FN: 1,
+    ACL_FLOAT8_E8M0: 1,
 }
 
 _NPY_TYPES: dict[int, np.dtype[Any]] = {np.dtype(c).num: np.dtype(c) for c in "?bBhHiIlLqQefdgFDG"}
@@ -401,11 +387,9 @@ class FakeConfig:
     run_mode: int = ACL_HOST
     poison: int | None = 0xFF  # fill byte for fresh rt.malloc memory (None: zero pages)
     strict_bounds: bool = True  # bounds = requested size (True) or padded size (False)
-    async_align: int = 64  # required alignment of memcpy_async pointers (1 disables)
     io_align: int = 64  # required alignment of model I/O addresses (1 disables)
     max_streams: int = 1984  # per device, Atlas A2
     ort_threads: int = 0  # ONNX Runtime intra-op threads (0: ORT default)
-    callback_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -491,9 +475,7 @@ class _Context:
 class _Task:
     label: str
     run: Callable[[], None]
-    kind: str = "op"  # "op" | "callback"
     fault: int = 0
-    callback: tuple[Any, Any, int] | None = None
     cleanup: Callable[[], None] | None = None
 
 
@@ -504,17 +486,6 @@ class _Stream:
     device: int
     is_default: bool = False
     queue: collections.deque[_Task] = field(default_factory=collections.deque)
-    subscriber: int | None = None
-    destroyed: bool = False
-
-
-@dataclass(eq=False)
-class _Event:
-    handle: int
-    context: int
-    stream: int = 0
-    task: _Task | None = None
-    timestamp: float | None = None
     destroyed: bool = False
 
 
@@ -569,23 +540,6 @@ class _Desc:
     handle: int
     model: _Model | None = None
     destroyed: bool = False
-
-
-@dataclass(eq=False)
-class _TensorDesc:
-    handle: int
-    dtype: int
-    dims: list[int]
-    fmt: int
-    destroyed: bool = False
-
-
-@dataclass(eq=False)
-class _Thread:
-    tid: int
-    thread: threading.Thread
-    errors: list[str] = field(default_factory=list)
-    stopped: bool = False
 
 
 @dataclass
@@ -674,8 +628,6 @@ class _FakeAcl:
         self.default_ctx: dict[int, int] = {}
         self.models: dict[int, _Model] = {}
         self.next_model_id = 1
-        self.threads: dict[int, _Thread] = {}
-        self.reports: dict[int, queue.Queue[tuple[Any, Any, threading.Event]]] = {}
         self.counters = _Counters()
         self.injections: list[Injection] = []
         self.pending_fault = 0
@@ -873,9 +825,13 @@ class _FakeAcl:
             raise _Fail(ACL_ERROR_INVALID_PARAM, "acl.rt.free: pointer is NULL")
         alloc = self._find(self.dev_bases, self.dev_allocs, ptr) if self.where(ptr) == "device" else None
         if alloc is None:
-            raise _Fail(ACL_ERROR_RT_PARAM_INVALID, f"acl.rt.free: {_hex(ptr)} was not returned by acl.rt.malloc")
+            raise _Fail(
+                ACL_ERROR_RT_PARAM_INVALID, f"acl.rt.free: {_hex(ptr)} was not returned by acl.rt.malloc"
+            )
         if alloc.freed:
-            raise _Fail(ACL_ERROR_RT_PARAM_INVALID, f"acl.rt.free: {_hex(ptr)} was already freed (double free)")
+            raise _Fail(
+                ACL_ERROR_RT_PARAM_INVALID, f"acl.rt.free: {_hex(ptr)} was already freed (double free)"
+            )
         if ptr != alloc.base:
             raise _Fail(
                 ACL_ERROR_RT_PARAM_INVALID,
@@ -940,12 +896,12 @@ class _FakeAcl:
             task = stream.queue.popleft()
             try:
                 if task.fault:
-                    raise _Fail(task.fault, f"injected fault {task.fault} ({ERROR_NAMES.get(task.fault, '?')}) "
-                                            f"in queued {task.label}")
-                if task.kind == "callback":
-                    self.deliver_callback(stream, task)
-                else:
-                    task.run()
+                    raise _Fail(
+                        task.fault,
+                        f"injected fault {task.fault} ({ERROR_NAMES.get(task.fault, '?')}) "
+                        f"in queued {task.label}",
+                    )
+                task.run()
             except _Fail as exc:
                 dropped = list(stream.queue)
                 stream.queue.clear()
@@ -953,7 +909,9 @@ class _FakeAcl:
                     if other.cleanup is not None:
                         other.cleanup()
                 self.counters.failed_tasks += 1
-                message = f"{exc.message} [stream {_hex(stream.handle)}; {len(dropped)} later task(s) discarded]"
+                message = (
+                    f"{exc.message} [stream {_hex(stream.handle)}; {len(dropped)} later task(s) discarded]"
+                )
                 self.error_log.append((task.label, exc.code, message))
                 return exc.code, message
             if task.cleanup is not None:
@@ -972,35 +930,13 @@ class _FakeAcl:
             raise _Fail(code, message)
         return ACL_SUCCESS
 
-    def deliver_callback(self, stream: _Stream, task: _Task) -> None:
-        assert task.callback is not None
-        fn, user_data, block = task.callback
-        tid = stream.subscriber
-        q = self.reports.get(tid) if tid is not None else None
-        if q is None:
-            raise _Fail(ACL_ERROR_STREAM_NOT_SUBSCRIBE, f"callback on stream {_hex(stream.handle)}: no subscriber")
-        done = threading.Event()
-        q.put((fn, user_data, done))
-        if block == ACL_CALLBACK_BLOCK:
-            self.lock.release()
-            try:
-                ok = done.wait(self.config.callback_timeout_s)
-            finally:
-                self.lock.acquire()
-            if not ok:
-                raise _Fail(
-                    ACL_ERROR_RT_REPORT_TIMEOUT,
-                    f"blocking callback on stream {_hex(stream.handle)} was not processed by thread {tid} within "
-                    f"{self.config.callback_timeout_s} s (is it calling acl.rt.process_report?)",
-                )
-
     # -- models -----------------------------------------------------------------------------------------------
 
     def load_model(self, source: str | bytes, label: str, key: tuple[Any, ...]) -> _Model:
         ctx = self.need_context("acl.mdl.load")
         session = _ort_session(key, source, self.config.ort_threads)
         meta = dict(session.get_modelmeta().custom_metadata_map)
-        options = {k: meta[f"acl_fake.{k}"] for k in _MDL_OPTION_KEYS if f"acl_fake.{k}" in meta}
+        options = {k: meta[f"fake_acl.{k}"] for k in _MDL_OPTION_KEYS if f"fake_acl.{k}" in meta}
         if isinstance(source, str):
             options.update(self.model_opts.get(os.path.abspath(source), {}))
         model_id = self.next_model_id
@@ -1008,13 +944,17 @@ class _FakeAcl:
         dyn_kind, user_gears, marker_gears = self._model_gears(options, markers, label)
         shapes_per_gear = self._output_shapes(session, inputs, marker_gears, label)
         for i, io in enumerate(inputs):
-            io.size = max(_prod(self.concrete_shapes(inputs, g)[i]) for g in marker_gears) * io.np_dtype.itemsize
+            io.size = (
+                max(_prod(self.concrete_shapes(inputs, g)[i]) for g in marker_gears) * io.np_dtype.itemsize
+            )
         outputs: list[_IO] = []
         for j, arg in enumerate(session.get_outputs()):
             np_dtype, acl_dtype = self._dtype(arg.type, arg.name, label)
             per_gear = [shapes[j] for shapes in shapes_per_gear]
             rank = len(per_gear[0])
-            dims = [per_gear[0][a] if all(s[a] == per_gear[0][a] for s in per_gear) else -1 for a in range(rank)]
+            dims = [
+                per_gear[0][a] if all(s[a] == per_gear[0][a] for s in per_gear) else -1 for a in range(rank)
+            ]
             size = max(_prod(s) for s in per_gear) * np.dtype(np_dtype).itemsize
             name = arg.name if len(arg.name) <= 127 else f"acl_modelId_{model_id}_output_{j}"
             fmt = ACL_FORMAT_NCHW if rank == 4 else ACL_FORMAT_ND
@@ -1023,13 +963,31 @@ class _FakeAcl:
         if dyn_kind is not None:
             k = len(user_gears[0])
             inputs.append(
-                _IO(ACL_DYNAMIC_TENSOR_NAME, ACL_DYNAMIC_TENSOR_NAME, [k], ACL_INT64, np.dtype(np.int64),
-                    ACL_FORMAT_ND, 8 * k)
+                _IO(
+                    ACL_DYNAMIC_TENSOR_NAME,
+                    ACL_DYNAMIC_TENSOR_NAME,
+                    [k],
+                    ACL_INT64,
+                    np.dtype(np.int64),
+                    ACL_FORMAT_ND,
+                    8 * k,
+                )
             )
         largest = max(range(len(shapes_per_gear)), key=lambda g: sum(_prod(s) for s in shapes_per_gear[g]))
         model = _Model(
-            model_id, label, ctx.handle, ctx.device, session, inputs, outputs, n_real, dyn_kind, user_gears,
-            marker_gears, shapes_per_gear, [list(s) for s in shapes_per_gear[largest]],
+            model_id,
+            label,
+            ctx.handle,
+            ctx.device,
+            session,
+            inputs,
+            outputs,
+            n_real,
+            dyn_kind,
+            user_gears,
+            marker_gears,
+            shapes_per_gear,
+            [list(s) for s in shapes_per_gear[largest]],
         )
         self.next_model_id += 1
         self.models[model_id] = model
@@ -1039,8 +997,10 @@ class _FakeAcl:
     def _dtype(type_str: str, name: str, label: str) -> tuple[Any, int]:
         found = _ACL_TYPES.get(type_str)
         if found is None:
-            raise _Fail(ACL_ERROR_PARSE_MODEL, f"{label}: tensor {name!r} has type {type_str}, which the fake "
-                                               "acl cannot run")
+            raise _Fail(
+                ACL_ERROR_PARSE_MODEL,
+                f"{label}: tensor {name!r} has type {type_str}, which the fake acl cannot run",
+            )
         return found
 
     def _model_inputs(
@@ -1066,8 +1026,11 @@ class _FakeAcl:
             if arg.name in overrides:
                 dims = overrides[arg.name]
                 if len(dims) != len(arg.shape):
-                    raise _Fail(ACL_ERROR_PARSE_MODEL, f"{label}: input_shape gives {arg.name!r} {len(dims)} dims, "
-                                                       f"the graph has {len(arg.shape)}")
+                    raise _Fail(
+                        ACL_ERROR_PARSE_MODEL,
+                        f"{label}: input_shape gives {arg.name!r} {len(dims)} dims, "
+                        f"the graph has {len(arg.shape)}",
+                    )
             else:
                 dims = [d if isinstance(d, int) and d >= 0 else -1 for d in arg.shape]
             for axis, d in enumerate(dims):
@@ -1076,7 +1039,7 @@ class _FakeAcl:
                         raise _Fail(
                             ACL_ERROR_PARSE_MODEL,
                             f"{label}: input {arg.name!r} has a dynamic dim (axis {axis} of {arg.shape}); give the "
-                            "ONNX graph static shapes, an 'acl_fake.input_shape' entry, or dynamic gears "
+                            "ONNX graph static shapes, a 'fake_acl.input_shape' entry, or dynamic gears "
                             "(as ATC would require)",
                         )
                     markers.append((i, axis))
@@ -1108,18 +1071,24 @@ class _FakeAcl:
             raise _Fail(ACL_ERROR_PARSE_MODEL, f"{label}: cannot parse {key}={options[key]!r}") from None
         if key == "dynamic_batch_size":
             if any(axis != 0 for _, axis in markers) or any(len(g) != 1 for g in gears):
-                raise _Fail(ACL_ERROR_PARSE_MODEL, f"{label}: dynamic_batch_size needs -1 only on axis 0 and one "
-                                                   "value per gear")
+                raise _Fail(
+                    ACL_ERROR_PARSE_MODEL,
+                    f"{label}: dynamic_batch_size needs -1 only on axis 0 and one value per gear",
+                )
             return "batch", gears, [g * len(markers) for g in gears]
         if key == "dynamic_image_size":
             per_input = collections.Counter(i for i, _ in markers)
             if any(n != 2 for n in per_input.values()) or any(len(g) != 2 for g in gears):
-                raise _Fail(ACL_ERROR_PARSE_MODEL, f"{label}: dynamic_image_size needs two -1 dims (H, W) per "
-                                                   "dynamic input and 'h,w' gears")
+                raise _Fail(
+                    ACL_ERROR_PARSE_MODEL,
+                    f"{label}: dynamic_image_size needs two -1 dims (H, W) per dynamic input and 'h,w' gears",
+                )
             return "hw", gears, [g * len(per_input) for g in gears]
         if any(len(g) != len(markers) for g in gears):
-            raise _Fail(ACL_ERROR_PARSE_MODEL, f"{label}: each dynamic_dims gear needs {len(markers)} values "
-                                               "(one per -1 dim)")
+            raise _Fail(
+                ACL_ERROR_PARSE_MODEL,
+                f"{label}: each dynamic_dims gear needs {len(markers)} values (one per -1 dim)",
+            )
         return "dims", gears, gears
 
     @staticmethod
@@ -1157,32 +1126,52 @@ class _FakeAcl:
         """Index of the gear written into the dataset's ascend_mbatch_shape_data buffer (0 for static models)."""
         if model.dyn_kind is None:
             return 0
-        buf = self.lookup(ds.buffers[model.n_real_inputs], _DataBuffer, "data buffer", ACL_ERROR_INVALID_PARAM)
+        buf = self.lookup(
+            ds.buffers[model.n_real_inputs], _DataBuffer, "data buffer", ACL_ERROR_INVALID_PARAM
+        )
         k = len(model.user_gears[0])
-        addr = self.span(buf.addr, 8 * k, f"{call}: {ACL_DYNAMIC_TENSOR_NAME} buffer",
-                         ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID)
+        addr = self.span(
+            buf.addr, 8 * k, f"{call}: {ACL_DYNAMIC_TENSOR_NAME} buffer", ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID
+        )
         values = tuple(int(v) for v in np.frombuffer(ctypes.string_at(addr, 8 * k), np.int64))
         for g, gear in enumerate(model.user_gears):
             if gear == values:
                 return g
-        code = ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID if model.dyn_kind == "batch" else ACL_ERROR_GE_SHAPE_INVALID
-        raise _Fail(code, f"{call}: model {model.model_id} has no gear {values} in {ACL_DYNAMIC_TENSOR_NAME}; call "
-                          f"acl.mdl.set_dynamic_* on this dataset first (gears: {model.user_gears})")
+        code = (
+            ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+            if model.dyn_kind == "batch"
+            else ACL_ERROR_GE_SHAPE_INVALID
+        )
+        raise _Fail(
+            code,
+            f"{call}: model {model.model_id} has no gear {values} in {ACL_DYNAMIC_TENSOR_NAME}; call "
+            f"acl.mdl.set_dynamic_* on this dataset first (gears: {model.user_gears})",
+        )
 
-    def prepare_execute(self, model_id: int, in_ds: int, out_ds: int, call: str) -> tuple[_Model, Callable[[], None]]:
+    def prepare_execute(
+        self, model_id: int, in_ds: int, out_ds: int, call: str
+    ) -> tuple[_Model, Callable[[], None]]:
         """Validate an execute call now (like the runtime does at launch) and return the deferred work."""
         ctx = self.need_context(call)
         model = self.model(model_id, call)
         if model.context != ctx.handle:
-            raise _Fail(ACL_ERROR_RT_MODEL_CONTEXT, f"{call}: model {model_id} was loaded in context "
-                                                    f"{_hex(model.context)}, the current context is {_hex(ctx.handle)}")
+            raise _Fail(
+                ACL_ERROR_RT_MODEL_CONTEXT,
+                f"{call}: model {model_id} was loaded in context "
+                f"{_hex(model.context)}, the current context is {_hex(ctx.handle)}",
+            )
         ins = self.lookup(in_ds, _Dataset, "input dataset", ACL_ERROR_INVALID_PARAM)
         outs = self.lookup(out_ds, _Dataset, "output dataset", ACL_ERROR_INVALID_PARAM)
-        for ds, ios, code, side in ((ins, model.inputs, ACL_ERROR_MODEL_INPUT_NOT_MATCH, "input"),
-                                    (outs, model.outputs, ACL_ERROR_MODEL_OUTPUT_NOT_MATCH, "output")):
+        for ds, ios, code, side in (
+            (ins, model.inputs, ACL_ERROR_MODEL_INPUT_NOT_MATCH, "input"),
+            (outs, model.outputs, ACL_ERROR_MODEL_OUTPUT_NOT_MATCH, "output"),
+        ):
             if len(ds.buffers) != len(ios):
-                raise _Fail(code, f"{call}: model {model_id} has {len(ios)} {side}s, the {side} dataset "
-                                  f"{_hex(ds.handle)} has {len(ds.buffers)} buffers")
+                raise _Fail(
+                    code,
+                    f"{call}: model {model_id} has {len(ios)} {side}s, the {side} dataset "
+                    f"{_hex(ds.handle)} has {len(ds.buffers)} buffers",
+                )
         gear = self.gear_of(model, ins, call)
         in_shapes = self.concrete_shapes(model.inputs[: model.n_real_inputs], model.marker_gears[gear])
         out_shapes = model.gear_output_shapes[gear]
@@ -1192,19 +1181,32 @@ class _FakeAcl:
             ("output", outs, model.outputs, out_shapes, ACL_ERROR_MODEL_OUTPUT_NOT_MATCH),
         ):
             for i, (io, shape) in enumerate(zip(ios, shapes)):
-                buf = self.lookup(ds.buffers[i], _DataBuffer, f"{side} {i} data buffer", ACL_ERROR_INVALID_PARAM)
+                buf = self.lookup(
+                    ds.buffers[i], _DataBuffer, f"{side} {i} data buffer", ACL_ERROR_INVALID_PARAM
+                )
                 need = _prod(shape) * io.np_dtype.itemsize
                 if buf.size < need:
-                    raise _Fail(code, f"{call}: {side} {i} ({io.name!r}, {shape}) needs {need} B, its data buffer "
-                                      f"{_hex(buf.handle)} holds {buf.size} B")
+                    raise _Fail(
+                        code,
+                        f"{call}: {side} {i} ({io.name!r}, {shape}) needs {need} B, its data buffer "
+                        f"{_hex(buf.handle)} holds {buf.size} B",
+                    )
                 where = self.where(buf.addr)
                 if where not in ("device", "pinned"):
-                    raise _Fail(ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID, f"{call}: {side} {i} ({io.name!r}) address "
-                                f"{_hex(buf.addr)} is not device memory from acl.rt.malloc (or malloc_host)")
-                self.span(buf.addr, need, f"{call}: {side} {i} ({io.name!r})", ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID)
+                    raise _Fail(
+                        ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID,
+                        f"{call}: {side} {i} ({io.name!r}) address "
+                        f"{_hex(buf.addr)} is not device memory from acl.rt.malloc (or malloc_host)",
+                    )
+                self.span(
+                    buf.addr, need, f"{call}: {side} {i} ({io.name!r})", ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID
+                )
                 if self.config.io_align > 1 and buf.addr % self.config.io_align:
-                    raise _Fail(ACL_ERROR_RT_ADDR_UNALIGNED, f"{call}: {side} {i} ({io.name!r}) address "
-                                f"{_hex(buf.addr)} is not {self.config.io_align}-byte aligned")
+                    raise _Fail(
+                        ACL_ERROR_RT_ADDR_UNALIGNED,
+                        f"{call}: {side} {i} ({io.name!r}) address "
+                        f"{_hex(buf.addr)} is not {self.config.io_align}-byte aligned",
+                    )
                 plan.append((side, io, tuple(shape), buf.addr, buf.size))
 
         def run() -> None:
@@ -1212,8 +1214,9 @@ class _FakeAcl:
 
         return model, run
 
-    def run_model(self, model: _Model, plan: list[tuple[str, _IO, tuple[int, ...], int, int]], gear: int,
-                  call: str) -> None:
+    def run_model(
+        self, model: _Model, plan: list[tuple[str, _IO, tuple[int, ...], int, int]], gear: int, call: str
+    ) -> None:
         start = time.perf_counter()
         feeds: dict[str, np.ndarray[Any, Any]] = {}
         out_plan = []
@@ -1222,22 +1225,35 @@ class _FakeAcl:
                 out_plan.append((io, addr, size))
                 continue
             arr = np.empty(shape, io.np_dtype)
-            src = self.span(addr, arr.nbytes, f"{call} (model {model.model_id}) input {io.name!r}",
-                            ACL_ERROR_RT_MODEL_EXECUTE)
+            src = self.span(
+                addr,
+                arr.nbytes,
+                f"{call} (model {model.model_id}) input {io.name!r}",
+                ACL_ERROR_RT_MODEL_EXECUTE,
+            )
             ctypes.memmove(arr.ctypes.data, src, arr.nbytes)
             feeds[io.real_name] = arr
         try:
             results = model.session.run(None, feeds)
         except Exception as exc:  # noqa: BLE001 - ORT errors become the device's "model execute failed"
-            raise _Fail(ACL_ERROR_RT_MODEL_EXECUTE, f"{call}: model {model.model_id} ({model.path}) failed in "
-                                                    f"onnxruntime: {exc}") from None
+            raise _Fail(
+                ACL_ERROR_RT_MODEL_EXECUTE,
+                f"{call}: model {model.model_id} ({model.path}) failed in onnxruntime: {exc}",
+            ) from None
         for j, ((io, addr, size), value) in enumerate(zip(out_plan, results)):
             out = np.ascontiguousarray(np.asarray(value), dtype=io.np_dtype)
             if out.nbytes > size:
-                raise _Fail(ACL_ERROR_RT_MODEL_EXECUTE, f"{call}: output {io.name!r} produced {out.shape} "
-                                                        f"({out.nbytes} B) > its buffer ({size} B)")
-            dst = self.span(addr, out.nbytes, f"{call} (model {model.model_id}) output {io.name!r}",
-                            ACL_ERROR_RT_MODEL_EXECUTE)
+                raise _Fail(
+                    ACL_ERROR_RT_MODEL_EXECUTE,
+                    f"{call}: output {io.name!r} produced {out.shape} "
+                    f"({out.nbytes} B) > its buffer ({size} B)",
+                )
+            dst = self.span(
+                addr,
+                out.nbytes,
+                f"{call} (model {model.model_id}) output {io.name!r}",
+                ACL_ERROR_RT_MODEL_EXECUTE,
+            )
             ctypes.memmove(dst, out.ctypes.data, out.nbytes)
             model.cur_output_dims[j] = list(out.shape)
         c = self.counters
@@ -1245,26 +1261,37 @@ class _FakeAcl:
         c.execute_seconds += time.perf_counter() - start
         c.executes_by_model[model.model_id] = c.executes_by_model.get(model.model_id, 0) + 1
 
-    def write_gear(self, model_id: int, ds_handle: int, index: int, kind: str, values: tuple[int, ...],
-                   call: str) -> None:
+    def write_gear(
+        self, model_id: int, ds_handle: int, index: int, kind: str, values: tuple[int, ...], call: str
+    ) -> None:
         model = self.model(model_id, call)
         if model.dyn_kind != kind:
-            raise _Fail(ACL_ERROR_MODEL_NOT_DYNAMIC, f"{call}: model {model_id} has no dynamic {_GEAR_WORDS[kind]} "
-                                                     f"gears (it is {model.dyn_kind or 'static'})")
+            raise _Fail(
+                ACL_ERROR_MODEL_NOT_DYNAMIC,
+                f"{call}: model {model_id} has no dynamic {_GEAR_WORDS[kind]} "
+                f"gears (it is {model.dyn_kind or 'static'})",
+            )
         if index != model.n_real_inputs:
-            raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: index {index} is not the {ACL_DYNAMIC_TENSOR_NAME} input "
-                                                 f"(index {model.n_real_inputs})")
+            raise _Fail(
+                ACL_ERROR_INVALID_PARAM,
+                f"{call}: index {index} is not the {ACL_DYNAMIC_TENSOR_NAME} input "
+                f"(index {model.n_real_inputs})",
+            )
         ds = self.lookup(ds_handle, _Dataset, "dataset", ACL_ERROR_INVALID_PARAM)
         if index >= len(ds.buffers):
             raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: dataset {_hex(ds_handle)} has no buffer {index}")
         if values not in model.user_gears:
             code = ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID if kind == "batch" else ACL_ERROR_GE_SHAPE_INVALID
-            raise _Fail(code, f"{call}: {values} is not a compiled gear of model {model_id} ({model.user_gears})")
+            raise _Fail(
+                code, f"{call}: {values} is not a compiled gear of model {model_id} ({model.user_gears})"
+            )
         buf = self.lookup(ds.buffers[index], _DataBuffer, "data buffer", ACL_ERROR_INVALID_PARAM)
         data = np.asarray(values, np.int64).tobytes()
         if buf.size < len(data):
-            raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: {ACL_DYNAMIC_TENSOR_NAME} buffer holds {buf.size} B, "
-                                                 f"needs {len(data)} B")
+            raise _Fail(
+                ACL_ERROR_INVALID_PARAM,
+                f"{call}: {ACL_DYNAMIC_TENSOR_NAME} buffer holds {buf.size} B, needs {len(data)} B",
+            )
         dst = self.span(buf.addr, len(data), f"{call}: {ACL_DYNAMIC_TENSOR_NAME} buffer")
         ctypes.memmove(dst, data, len(data))
 
@@ -1272,8 +1299,14 @@ class _FakeAcl:
 _GEAR_WORDS = {"batch": "batch", "hw": "image size", "dims": "dims"}
 
 _KIND_NAMES = {
-    0: "HOST_TO_HOST", 1: "HOST_TO_DEVICE", 2: "DEVICE_TO_HOST", 3: "DEVICE_TO_DEVICE", 4: "DEFAULT",
-    5: "HOST_TO_BUF_TO_DEVICE", 6: "INNER_DEVICE_TO_DEVICE", 7: "INTER_DEVICE_TO_DEVICE",
+    0: "HOST_TO_HOST",
+    1: "HOST_TO_DEVICE",
+    2: "DEVICE_TO_HOST",
+    3: "DEVICE_TO_DEVICE",
+    4: "DEFAULT",
+    5: "HOST_TO_BUF_TO_DEVICE",
+    6: "INNER_DEVICE_TO_DEVICE",
+    7: "INTER_DEVICE_TO_DEVICE",
 }
 
 _STATE = _FakeAcl()
@@ -1285,7 +1318,9 @@ _STATE = _FakeAcl()
 
 
 def _convert(code: str, value: object) -> object:
-    if code in "kKIH":  # unsigned, no overflow check: Python int only (numpy ints are rejected on CPython <= 3.13)
+    if (
+        code in "kKIH"
+    ):  # unsigned, no overflow check: Python int only (numpy ints are rejected on CPython <= 3.13)
         if not isinstance(value, int):
             raise TypeError(f"integer argument expected, got {type(value).__name__}")
         return value & {"k": _U64, "K": _U64, "I": _U32, "H": 0xFFFF}[code]
@@ -1315,8 +1350,10 @@ def _parse(full: str, args: tuple[object, ...], fmt: str) -> tuple[Any, ...]:
     required, _, optional = fmt.partition("|")
     codes = required + optional
     if not len(required) <= len(args) <= len(codes):
-        raise TypeError(f"{message}: takes {len(required)}{'-' + str(len(codes)) if optional else ''} positional "
-                        f"argument(s), got {len(args)}")
+        raise TypeError(
+            f"{message}: takes {len(required)}{'-' + str(len(codes)) if optional else ''} positional "
+            f"argument(s), got {len(args)}"
+        )
     out: list[Any] = []
     for pos, (code, value) in enumerate(zip(codes, args), start=1):
         try:
@@ -1381,7 +1418,9 @@ def _api(
                 except _Fail as exc:
                     if fail is None:
                         raise ValueError(f"{full}: {exc.message}") from None
-                    state.set_err(f"{full}: {exc.message}" if not exc.message.startswith("acl.") else exc.message)
+                    state.set_err(
+                        f"{full}: {exc.message}" if not exc.message.startswith("acl.") else exc.message
+                    )
                     state.error_log.append((full, exc.code, exc.message))
                     state.counters.failed_calls += 1
                     return fail(exc.code, parsed)
@@ -1461,26 +1500,6 @@ def _get_recent_err_msg(s: _FakeAcl) -> str | None:
     return message
 
 
-@_api("float16_to_float", "H", None)
-def _float16_to_float(s: _FakeAcl, value: int) -> float:
-    """acl.float16_to_float(bits) -> float (saturating: inf -> +-65536.0, NaN -> 98304.0)."""
-    f = float(np.array([value], np.uint16).view(np.float16)[0])
-    if np.isnan(f):
-        return 98304.0
-    if np.isinf(f):
-        return 65536.0 if f > 0 else -65536.0
-    return f
-
-
-@_api("float_to_float16", "f", None)
-def _float_to_float16(s: _FakeAcl, value: float) -> int:
-    """acl.float_to_float16(x) -> uint16 bits (saturating: NaN/inf -> +-65504)."""
-    if np.isnan(value):
-        value = 65504.0
-    value = float(np.clip(value, -65504.0, 65504.0))
-    return int(np.array([value], np.float32).astype(np.float16).view(np.uint16)[0])
-
-
 @_api("create_data_buffer", "kk", lambda code, _a: 0)
 def _create_data_buffer(s: _FakeAcl, ptr: int, size: int) -> int:
     """acl.create_data_buffer(ptr, size) -> buffer handle (0 on failure).  Only a descriptor: no memory."""
@@ -1498,109 +1517,12 @@ def _destroy_data_buffer(s: _FakeAcl, handle: int) -> int:
     return ACL_SUCCESS
 
 
-@_api("get_data_buffer_addr", "k", None)
-def _get_data_buffer_addr(s: _FakeAcl, handle: int) -> int:
-    """acl.get_data_buffer_addr(buf) -> ptr (0 for an invalid buffer)."""
-    obj = s.objects.get(handle)
-    return obj.addr if isinstance(obj, _DataBuffer) else 0
-
-
-@_api("get_data_buffer_size", "k", None)
-def _get_data_buffer_size(s: _FakeAcl, handle: int) -> int:
-    """acl.get_data_buffer_size(buf) -> size as uint32 (deprecated C API truncates)."""
-    obj = s.objects.get(handle)
-    return obj.size & _U32 if isinstance(obj, _DataBuffer) else 0
-
-
-@_api("get_data_buffer_size_v2", "k", None)
-def _get_data_buffer_size_v2(s: _FakeAcl, handle: int) -> int:
-    """acl.get_data_buffer_size_v2(buf) -> size."""
-    obj = s.objects.get(handle)
-    return obj.size if isinstance(obj, _DataBuffer) else 0
-
-
 @_api("update_data_buffer", "kkk")
 def _update_data_buffer(s: _FakeAcl, handle: int, ptr: int, size: int) -> int:
     """acl.update_data_buffer(buf, ptr, size) -> ret: re-point a buffer (datasets holding it see the change)."""
     buf = s.lookup(handle, _DataBuffer, "data buffer", ACL_ERROR_INVALID_PARAM)
     buf.addr, buf.size = ptr, size
     return ACL_SUCCESS
-
-
-@_api("data_type_size", "i", None)
-def _data_type_size(s: _FakeAcl, dtype: int) -> int:
-    """acl.data_type_size(acl_dtype) -> bytes per element (0 for unknown / sub-byte types)."""
-    return _DTYPE_SIZES.get(dtype, 0)
-
-
-@_api("create_tensor_desc", "iOi", lambda code, _a: 0)
-def _create_tensor_desc(s: _FakeAcl, dtype: int, dims: object, fmt: int) -> int:
-    """acl.create_tensor_desc(dtype, dims_list, format) -> handle."""
-    if not isinstance(dims, list):
-        raise TypeError("argument 2 is not list")
-    if not all(isinstance(d, int) for d in dims):
-        raise TypeError("the list argument is not list of int")
-    desc = _TensorDesc(0, dtype, list(dims), fmt)
-    desc.handle = s.new_handle(desc)
-    return desc.handle
-
-
-@_api("destroy_tensor_desc", "k", None)
-def _destroy_tensor_desc(s: _FakeAcl, handle: int) -> None:
-    """acl.destroy_tensor_desc(desc) -> None."""
-    obj = s.objects.get(handle)
-    if isinstance(obj, _TensorDesc):
-        obj.destroyed = True
-        s.kill(handle, "tensor desc")
-
-
-def _tensor_desc(s: _FakeAcl, handle: int) -> _TensorDesc | None:
-    obj = s.objects.get(handle)
-    return obj if isinstance(obj, _TensorDesc) else None
-
-
-@_api("get_tensor_desc_type", "k", None)
-def _get_tensor_desc_type(s: _FakeAcl, handle: int) -> int:
-    """acl.get_tensor_desc_type(desc) -> acl dtype (-1 if invalid)."""
-    desc = _tensor_desc(s, handle)
-    return desc.dtype if desc else ACL_DT_UNDEFINED
-
-
-@_api("get_tensor_desc_format", "k", None)
-def _get_tensor_desc_format(s: _FakeAcl, handle: int) -> int:
-    """acl.get_tensor_desc_format(desc) -> acl format (-1 if invalid)."""
-    desc = _tensor_desc(s, handle)
-    return desc.fmt if desc else ACL_FORMAT_UNDEFINED
-
-
-@_api("get_tensor_desc_num_dims", "k", None)
-def _get_tensor_desc_num_dims(s: _FakeAcl, handle: int) -> int:
-    """acl.get_tensor_desc_num_dims(desc) -> int."""
-    desc = _tensor_desc(s, handle)
-    return len(desc.dims) if desc else 0
-
-
-@_api("get_tensor_desc_element_count", "k", None)
-def _get_tensor_desc_element_count(s: _FakeAcl, handle: int) -> int:
-    """acl.get_tensor_desc_element_count(desc) -> int."""
-    desc = _tensor_desc(s, handle)
-    return _prod(desc.dims) if desc else 0
-
-
-@_api("get_tensor_desc_size", "k", None)
-def _get_tensor_desc_size(s: _FakeAcl, handle: int) -> int:
-    """acl.get_tensor_desc_size(desc) -> bytes."""
-    desc = _tensor_desc(s, handle)
-    return _prod(desc.dims) * _DTYPE_SIZES.get(desc.dtype, 0) if desc else 0
-
-
-@_api("get_tensor_desc_dim_v2", "kk", _pair)
-def _get_tensor_desc_dim_v2(s: _FakeAcl, handle: int, index: int) -> tuple[int, int]:
-    """acl.get_tensor_desc_dim_v2(desc, index) -> (dim, ret)."""
-    desc = s.lookup(handle, _TensorDesc, "tensor desc", ACL_ERROR_INVALID_PARAM)
-    if index >= len(desc.dims):
-        raise _Fail(ACL_ERROR_INVALID_PARAM, f"tensor desc has {len(desc.dims)} dims, index {index}")
-    return desc.dims[index], ACL_SUCCESS
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1640,12 +1562,6 @@ def _reset_device(s: _FakeAcl, device_id: int) -> int:
     return ACL_SUCCESS
 
 
-@_api("rt.get_device", None, _pair)
-def _get_device(s: _FakeAcl) -> tuple[int, int]:
-    """acl.rt.get_device() -> (device_id, ret)."""
-    return s.need_context("acl.rt.get_device").device, ACL_SUCCESS
-
-
 @_api("rt.get_device_count", None, _pair)
 def _get_device_count(s: _FakeAcl) -> tuple[int, int]:
     """acl.rt.get_device_count() -> (count, ret)."""
@@ -1673,8 +1589,11 @@ def _destroy_context(s: _FakeAcl, handle: int) -> int:
     """acl.rt.destroy_context(ctx) -> ret (not for the default context of set_device)."""
     ctx = s.lookup(handle, _Context, "context", ACL_ERROR_RT_PARAM_INVALID)
     if ctx.implicit:
-        raise _Fail(ACL_ERROR_RT_PARAM_INVALID, f"context {_hex(handle)} is the default context of device "
-                                                f"{ctx.device}; release it with acl.rt.reset_device")
+        raise _Fail(
+            ACL_ERROR_RT_PARAM_INVALID,
+            f"context {_hex(handle)} is the default context of device "
+            f"{ctx.device}; release it with acl.rt.reset_device",
+        )
     stream = s.objects.get(ctx.default_stream)
     if isinstance(stream, _Stream):
         s.drain(stream)  # a failure here is lost with the context, as on the device
@@ -1690,18 +1609,6 @@ def _set_context(s: _FakeAcl, handle: int) -> int:
     ctx = s.lookup(handle, _Context, "context", ACL_ERROR_RT_PARAM_INVALID)
     s.tls.ctx = ctx.handle
     return ACL_SUCCESS
-
-
-@_api("rt.get_context", None, _pair)
-def _get_context(s: _FakeAcl) -> tuple[int, int]:
-    """acl.rt.get_context() -> (context, ret); (0, 107002) when the thread has none."""
-    return s.need_context("acl.rt.get_context").handle, ACL_SUCCESS
-
-
-@_api("rt.ctx_get_current_default_stream", None, _pair)
-def _ctx_get_current_default_stream(s: _FakeAcl) -> tuple[int, int]:
-    """acl.rt.ctx_get_current_default_stream() -> (stream, ret)."""
-    return s.need_context("acl.rt.ctx_get_current_default_stream").default_stream, ACL_SUCCESS
 
 
 @_api("rt.create_stream", None, _pair)
@@ -1738,35 +1645,6 @@ def _synchronize_stream(s: _FakeAcl, handle: int) -> int:
     return s.sync(handle, "acl.rt.synchronize_stream")
 
 
-@_api("rt.synchronize_stream_with_timeout", "ki")
-def _synchronize_stream_with_timeout(s: _FakeAcl, handle: int, timeout_ms: int) -> int:
-    """acl.rt.synchronize_stream_with_timeout(stream, ms) -> ret (the fake never times out by itself)."""
-    return s.sync(handle, "acl.rt.synchronize_stream_with_timeout")
-
-
-@_api("rt.synchronize_device", None)
-def _synchronize_device(s: _FakeAcl) -> int:
-    """acl.rt.synchronize_device() -> ret: drains every stream on the current device."""
-    ctx = s.need_context("acl.rt.synchronize_device")
-    s.counters.syncs += 1
-    streams = [o for o in list(s.objects.values()) if isinstance(o, _Stream) and o.device == ctx.device]
-    first = (0, "")
-    for stream in streams:
-        result = s.drain(stream)
-        first = first if first[0] else result
-    if first[0]:
-        raise _Fail(*first)
-    return ACL_SUCCESS
-
-
-@_api("rt.stream_query", "k", _pair)
-def _stream_query(s: _FakeAcl, handle: int) -> tuple[int, int]:
-    """acl.rt.stream_query(stream) -> (status, ret): NOT_READY (1) while tasks are queued, else COMPLETE (0)."""
-    ctx = s.need_context("acl.rt.stream_query")
-    stream = s.stream_for(handle, ctx, "acl.rt.stream_query")
-    return (ACL_STREAM_STATUS_NOT_READY if stream.queue else ACL_STREAM_STATUS_COMPLETE), ACL_SUCCESS
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # acl.rt.*  memory
 # ----------------------------------------------------------------------------------------------------------------
@@ -1779,18 +1657,6 @@ def _malloc(s: _FakeAcl, size: int, policy: int) -> tuple[int, int]:
     return s.malloc(size, "malloc", 32), ACL_SUCCESS
 
 
-@_api("rt.malloc_cached", "ki", _pair)
-def _malloc_cached(s: _FakeAcl, size: int, policy: int) -> tuple[int, int]:
-    """acl.rt.malloc_cached(size, policy) -> (dev_ptr, ret)."""
-    return s.malloc(size, "malloc_cached", 32), ACL_SUCCESS
-
-
-@_api("rt.malloc_align32", "ki", _pair)
-def _malloc_align32(s: _FakeAcl, size: int, policy: int) -> tuple[int, int]:
-    """acl.rt.malloc_align32(size, policy) -> (dev_ptr, ret): size rounded up to 32 (no extra 32 bytes)."""
-    return s.malloc(size, "malloc_align32", 0), ACL_SUCCESS
-
-
 @_api("rt.free", "k")
 def _free(s: _FakeAcl, ptr: int) -> int:
     """acl.rt.free(dev_ptr) -> ret: only base addresses returned by malloc, once."""
@@ -1798,40 +1664,9 @@ def _free(s: _FakeAcl, ptr: int) -> int:
     return ACL_SUCCESS
 
 
-@_api("rt.malloc_host", "k", _pair)
-def _malloc_host(s: _FakeAcl, size: int) -> tuple[int, int]:
-    """acl.rt.malloc_host(size) -> (host_ptr, ret): pinned host memory, 64-byte aligned, host-dereferenceable."""
-    s.need_context("acl.rt.malloc_host")
-    if size == 0:
-        raise _Fail(ACL_ERROR_INVALID_PARAM, "acl.rt.malloc_host: size 0 is invalid")
-    if size > 1 << 40:
-        raise _Fail(ACL_ERROR_BAD_ALLOC, f"acl.rt.malloc_host: cannot allocate {size} B")
-    raw = np.zeros(size + 64, np.uint8)
-    offset = (-raw.ctypes.data) % 64
-    view = raw[offset: offset + size]
-    addr = view.ctypes.data
-    alloc = _Alloc(addr, size, size, -1, True, raw, addr, "malloc_host")
-    i = bisect.bisect_left(s.host_bases, addr)
-    s.host_bases.insert(i, addr)
-    s.host_allocs.insert(i, alloc)
-    return addr, ACL_SUCCESS
-
-
-@_api("rt.free_host", "k")
-def _free_host(s: _FakeAcl, ptr: int) -> int:
-    """acl.rt.free_host(host_ptr) -> ret."""
-    s.need_context("acl.rt.free_host")
-    i = bisect.bisect_left(s.host_bases, ptr)
-    if i >= len(s.host_bases) or s.host_bases[i] != ptr:
-        raise _Fail(ACL_ERROR_RT_PARAM_INVALID, f"acl.rt.free_host: {_hex(ptr)} was not returned by malloc_host")
-    del s.host_bases[i]
-    alloc = s.host_allocs.pop(i)
-    alloc.freed, alloc.buf = True, None
-    return ACL_SUCCESS
-
-
-def _copy_checks(s: _FakeAcl, call: str, dst: int, dst_max: int, src: int, count: int, kind: int
-                 ) -> tuple[str, str] | None:
+def _copy_checks(
+    s: _FakeAcl, call: str, dst: int, dst_max: int, src: int, count: int, kind: int
+) -> tuple[str, str] | None:
     s.need_context(call)
     if count > dst_max:
         raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: count {count} > dst_max {dst_max}")
@@ -1851,37 +1686,6 @@ def _memcpy(s: _FakeAcl, dst: int, dst_max: int, src: int, count: int, kind: int
         return ACL_SUCCESS
     ctypes.memmove(s.span(dst, count, "dst"), s.span(src, count, "src"), count)
     s.count_copy(*sides, count, is_async=False)
-    return ACL_SUCCESS
-
-
-@_api("rt.memcpy_async", "kkkkik", is_async=True)
-def _memcpy_async(s: _FakeAcl, dst: int, dst_max: int, src: int, count: int, kind: int, handle: int) -> int:
-    """acl.rt.memcpy_async(dst, dst_max, src, count, kind, stream) -> ret: queued on ``stream``."""
-    call = "acl.rt.memcpy_async"
-    ctx = s.need_context(call)
-    stream = s.stream_for(handle, ctx, call)
-    if kind == ACL_MEMCPY_HOST_TO_HOST:
-        raise _Fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, f"{call}: HOST_TO_HOST is not supported asynchronously")
-    sides = _copy_checks(s, call, dst, dst_max, src, count, kind)
-    if sides is None:
-        return ACL_SUCCESS
-    align = s.config.async_align
-    for name, value in (("dst", dst), ("src", src)):
-        if align > 1 and value % align:
-            raise _Fail(ACL_ERROR_RT_ADDR_UNALIGNED, f"{call}: {name} {_hex(value)} is not {align}-byte aligned")
-    if sides == ("host", "host"):
-        raise _Fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, f"{call}: host-to-host copies are not supported")
-
-    def run() -> None:
-        ctypes.memmove(s.span(dst, count, f"queued {call}: dst"), s.span(src, count, f"queued {call}: src"), count)
-
-    task = _Task(f"{call}({_hex(dst)} <- {_hex(src)}, {count} B)", run)
-    s.enqueue(stream, task)
-    s.count_copy(*sides, count, is_async=True)
-    if "host" in sides:  # unpinned host memory: the call returns once the copy is done
-        code, message = s.drain(stream, until=task)
-        if code:
-            raise _Fail(code, message)
     return ACL_SUCCESS
 
 
@@ -1907,24 +1711,6 @@ def _memset(s: _FakeAcl, ptr: int, max_count: int, value: int, count: int) -> in
     return ACL_SUCCESS
 
 
-@_api("rt.memset_async", "kkikk", is_async=True)
-def _memset_async(s: _FakeAcl, ptr: int, max_count: int, value: int, count: int, handle: int) -> int:
-    """acl.rt.memset_async(ptr, max_count, value, count, stream) -> ret: queued on ``stream``."""
-    call = "acl.rt.memset_async"
-    ctx = s.need_context(call)
-    stream = s.stream_for(handle, ctx, call)
-    _memset_checks(s, call, ptr, max_count, count)
-
-    def run() -> None:
-        if count:
-            ctypes.memset(s.span(ptr, count, f"queued {call}: ptr"), value & 0xFF, count)
-
-    s.enqueue(stream, _Task(f"{call}({_hex(ptr)}, {count} B)", run))
-    s.counters.memset_calls += 1
-    s.counters.memset_bytes += count
-    return ACL_SUCCESS
-
-
 @_api("rt.get_mem_info", "i", lambda code, _a: (0, 0, code))
 def _get_mem_info(s: _FakeAcl, attr: int) -> tuple[int, int, int]:
     """acl.rt.get_mem_info(attr) -> (free, total, ret); ACL_HBM_MEM (1) is what samples use."""
@@ -1935,168 +1721,6 @@ def _get_mem_info(s: _FakeAcl, attr: int) -> tuple[int, int, int]:
         total = s.config.hbm_bytes
         return max(0, total - s.counters.device_bytes_in_use), total, ACL_SUCCESS
     raise _Fail(ACL_ERROR_INVALID_PARAM, f"acl.rt.get_mem_info: {attr} is not an aclrtMemAttr")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# acl.rt.*  events and callbacks
-# ----------------------------------------------------------------------------------------------------------------
-
-
-@_api("rt.create_event", None, _pair)
-def _create_event(s: _FakeAcl) -> tuple[int, int]:
-    """acl.rt.create_event() -> (event, ret)."""
-    ctx = s.need_context("acl.rt.create_event")
-    event = _Event(0, ctx.handle)
-    event.handle = s.new_handle(event)
-    return event.handle, ACL_SUCCESS
-
-
-@_api("rt.destroy_event", "k")
-def _destroy_event(s: _FakeAcl, handle: int) -> int:
-    """acl.rt.destroy_event(event) -> ret."""
-    event = s.lookup(handle, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-    event.destroyed = True
-    s.kill(handle, "event")
-    return ACL_SUCCESS
-
-
-@_api("rt.record_event", "kk")
-def _record_event(s: _FakeAcl, handle: int, stream_handle: int) -> int:
-    """acl.rt.record_event(event, stream) -> ret: the event completes when the stream reaches it."""
-    ctx = s.need_context("acl.rt.record_event")
-    event = s.lookup(handle, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-    stream = s.stream_for(stream_handle, ctx, "acl.rt.record_event")
-
-    def run() -> None:
-        event.timestamp = time.perf_counter()
-        event.task = None
-
-    task = _Task(f"record_event({_hex(handle)})", run)
-    event.stream, event.task, event.timestamp = stream.handle, task, None
-    s.enqueue(stream, task)
-    return ACL_SUCCESS
-
-
-def _settle_event(s: _FakeAcl, event: _Event) -> tuple[int, str]:
-    if event.task is None:
-        return 0, ""
-    stream = s.objects.get(event.stream)
-    if isinstance(stream, _Stream) and event.task in stream.queue:
-        return s.drain(stream, until=event.task)
-    return 0, ""
-
-
-@_api("rt.synchronize_event", "k")
-def _synchronize_event(s: _FakeAcl, handle: int) -> int:
-    """acl.rt.synchronize_event(event) -> ret: runs the recording stream up to the event."""
-    event = s.lookup(handle, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-    code, message = _settle_event(s, event)
-    if code:
-        raise _Fail(code, message)
-    return ACL_SUCCESS
-
-
-@_api("rt.stream_wait_event", "kk")
-def _stream_wait_event(s: _FakeAcl, stream_handle: int, handle: int) -> int:
-    """acl.rt.stream_wait_event(stream, event) -> ret: later tasks on ``stream`` wait for the event."""
-    ctx = s.need_context("acl.rt.stream_wait_event")
-    stream = s.stream_for(stream_handle, ctx, "acl.rt.stream_wait_event")
-    event = s.lookup(handle, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-
-    def run() -> None:
-        code, message = _settle_event(s, event)
-        if code:
-            raise _Fail(code, f"the event {_hex(handle)} waited for failed: {message}")
-
-    s.enqueue(stream, _Task(f"stream_wait_event({_hex(handle)})", run))
-    return ACL_SUCCESS
-
-
-@_api("rt.query_event_status", "k", _pair)
-def _query_event_status(s: _FakeAcl, handle: int) -> tuple[int, int]:
-    """acl.rt.query_event_status(event) -> (1 if recorded and reached else 0, ret)."""
-    event = s.lookup(handle, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-    done = event.timestamp is not None and event.task is None
-    return (ACL_EVENT_RECORDED_STATUS_COMPLETE if done else ACL_EVENT_RECORDED_STATUS_NOT_READY), ACL_SUCCESS
-
-
-@_api("rt.event_elapsed_time", "kk", lambda code, _a: (0.0, code))
-def _event_elapsed_time(s: _FakeAcl, start: int, end: int) -> tuple[float, int]:
-    """acl.rt.event_elapsed_time(start, end) -> (ms, ret); both events must have completed."""
-    a = s.lookup(start, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-    b = s.lookup(end, _Event, "event", ACL_ERROR_RT_PARAM_INVALID)
-    if a.timestamp is None or b.timestamp is None:
-        raise _Fail(ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID, "event_elapsed_time: an event has not completed yet")
-    return (b.timestamp - a.timestamp) * 1000.0, ACL_SUCCESS
-
-
-@_api("rt.subscribe_report", "Kk")
-def _subscribe_report(s: _FakeAcl, tid: int, handle: int) -> int:
-    """acl.rt.subscribe_report(thread_id, stream) -> ret: callbacks on ``stream`` run on that thread."""
-    ctx = s.need_context("acl.rt.subscribe_report")
-    stream = s.stream_for(handle, ctx, "acl.rt.subscribe_report")
-    if stream.subscriber is not None:
-        raise _Fail(ACL_ERROR_REPEAT_SUBSCRIBE, f"stream {_hex(handle)} is already subscribed by thread "
-                                                f"{stream.subscriber}")
-    stream.subscriber = tid
-    s.reports.setdefault(tid, queue.Queue())
-    return ACL_SUCCESS
-
-
-@_api("rt.unsubscribe_report", "Kk")
-def _unsubscribe_report(s: _FakeAcl, tid: int, handle: int) -> int:
-    """acl.rt.unsubscribe_report(thread_id, stream) -> ret."""
-    ctx = s.need_context("acl.rt.unsubscribe_report")
-    stream = s.stream_for(handle, ctx, "acl.rt.unsubscribe_report")
-    if stream.subscriber != tid:
-        raise _Fail(ACL_ERROR_STREAM_NOT_SUBSCRIBE, f"stream {_hex(handle)} is not subscribed by thread {tid}")
-    stream.subscriber = None
-    return ACL_SUCCESS
-
-
-@_api("rt.launch_callback", "OOik")
-def _launch_callback(s: _FakeAcl, fn: object, user_data: object, block: int, handle: int) -> int:
-    """acl.rt.launch_callback(fn, user_data, block_type, stream) -> ret: ``fn(user_data)`` runs on the subscribed
-    thread (inside its acl.rt.process_report) once the stream reaches it."""
-    if not callable(fn):
-        raise TypeError("parameter must be callable")
-    ctx = s.need_context("acl.rt.launch_callback")
-    stream = s.stream_for(handle, ctx, "acl.rt.launch_callback")
-    if block not in (ACL_CALLBACK_NO_BLOCK, ACL_CALLBACK_BLOCK):
-        raise _Fail(ACL_ERROR_INVALID_PARAM, f"block_type {block} is not 0 or 1")
-    if stream.subscriber is None:
-        raise _Fail(ACL_ERROR_STREAM_NOT_SUBSCRIBE, f"stream {_hex(handle)} has no subscribed report thread")
-    s.enqueue(stream, _Task(f"callback {getattr(fn, '__name__', fn)!s}", lambda: None, kind="callback",
-                            callback=(fn, user_data, block)))
-    return ACL_SUCCESS
-
-
-@_api("rt.process_report", "i")
-def _process_report(s: _FakeAcl, timeout_ms: int) -> int:
-    """acl.rt.process_report(timeout_ms) -> ret: runs one delivered callback (-1 waits forever)."""
-    tid = threading.get_ident()
-    q = s.reports.get(tid)
-    if q is None or not any(isinstance(o, _Stream) and o.subscriber == tid for o in s.objects.values()):
-        raise _Fail(ACL_ERROR_THREAD_NOT_SUBSCRIBE, f"thread {tid} is not subscribed to any stream")
-    s.lock.release()
-    try:
-        try:
-            fn, user_data, done = q.get(timeout=None if timeout_ms < 0 else timeout_ms / 1000.0)
-        except queue.Empty:
-            fn = None
-        if fn is not None:
-            try:
-                fn(user_data)
-            except Exception:  # noqa: BLE001 - the real wrapper logs and carries on
-                with s.lock:
-                    s.counters.callback_errors += 1
-            finally:
-                done.set()
-    finally:
-        s.lock.acquire()
-    if fn is None:
-        raise _Fail(ACL_ERROR_WAIT_CALLBACK_TIMEOUT, f"no callback arrived within {timeout_ms} ms")
-    return ACL_SUCCESS
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -2119,20 +1743,6 @@ def _load_from_file(s: _FakeAcl, path: str) -> tuple[int, int]:
     return s.load_model(path, path, key).model_id, ACL_SUCCESS
 
 
-@_api("mdl.load_from_mem", "kk", _pair)
-def _load_from_mem(s: _FakeAcl, ptr: int, size: int) -> tuple[int, int]:
-    """acl.mdl.load_from_mem(host_ptr, size) -> (model_id, ret): ONNX bytes at a host address."""
-    s.need_init("acl.mdl.load_from_mem")
-    s.need_context("acl.mdl.load_from_mem")
-    if size == 0:
-        raise _Fail(ACL_ERROR_INVALID_PARAM, "model size 0")
-    if s.where(ptr) == "device":
-        raise _Fail(ACL_ERROR_INVALID_PARAM, f"{_hex(ptr)} is device memory; load_from_mem needs host memory")
-    data = ctypes.string_at(s.span(ptr, size, "model data"), size)
-    key = ("mem", hashlib.sha1(data).hexdigest())
-    return s.load_model(data, f"<memory {_hex(ptr)}>", key).model_id, ACL_SUCCESS
-
-
 @_api("mdl.unload", "I")
 def _unload(s: _FakeAcl, model_id: int) -> int:
     """acl.mdl.unload(model_id) -> ret; must run in the context that loaded the model."""
@@ -2141,20 +1751,14 @@ def _unload(s: _FakeAcl, model_id: int) -> int:
     if model.context != ctx.handle:
         raise _Fail(ACL_ERROR_RT_MODEL_CONTEXT, f"model {model_id} belongs to context {_hex(model.context)}")
     if model.pending:
-        raise _Fail(ACL_ERROR_RT_MODEL_RUNNING, f"model {model_id} still has {model.pending} queued execute_async "
-                                                f"task(s) on stream {_hex(model.pending_stream)}; synchronize first")
+        raise _Fail(
+            ACL_ERROR_RT_MODEL_RUNNING,
+            f"model {model_id} still has {model.pending} queued execute_async "
+            f"task(s) on stream {_hex(model.pending_stream)}; synchronize first",
+        )
     model.unloaded = True
     del s.models[model_id]
     return ACL_SUCCESS
-
-
-@_api("mdl.query_size", "s", lambda code, _a: (0, 0, code))
-def _query_size(s: _FakeAcl, path: str) -> tuple[int, int, int]:
-    """acl.mdl.query_size(path) -> (work_size, weight_size, ret); the fake reports (0, file size)."""
-    try:
-        return 0, os.path.getsize(path), ACL_SUCCESS
-    except OSError as exc:
-        raise _Fail(ACL_ERROR_INVALID_FILE, f"cannot read model file {path!r}: {exc.strerror}") from None
 
 
 @_api("mdl.create_desc", None, lambda code, _a: 0)
@@ -2231,7 +1835,9 @@ def _dims(s: _FakeAcl, handle: int, index: int, outputs: bool, call: str) -> tup
     s.lookup(handle, _Desc, "model desc", ACL_ERROR_INVALID_PARAM)
     io = _desc_io(s, handle, index, outputs)
     if io is None:
-        raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: index {index} out of range (or desc not filled by get_desc)")
+        raise _Fail(
+            ACL_ERROR_INVALID_PARAM, f"{call}: index {index} out of range (or desc not filled by get_desc)"
+        )
     return _dims_dict(io.name, io.dims), ACL_SUCCESS
 
 
@@ -2241,25 +1847,10 @@ def _get_input_dims(s: _FakeAcl, handle: int, index: int) -> tuple[dict[str, Any
     return _dims(s, handle, index, False, "acl.mdl.get_input_dims")
 
 
-@_api("mdl.get_input_dims_v2", "kk", _dict_pair)
-def _get_input_dims_v2(s: _FakeAcl, handle: int, index: int) -> tuple[dict[str, Any], int]:
-    """acl.mdl.get_input_dims_v2(desc, i) -> (dims dict, ret)."""
-    return _dims(s, handle, index, False, "acl.mdl.get_input_dims_v2")
-
-
 @_api("mdl.get_output_dims", "kk", _dict_pair)
 def _get_output_dims(s: _FakeAcl, handle: int, index: int) -> tuple[dict[str, Any], int]:
     """acl.mdl.get_output_dims(desc, i) -> (dims dict, ret)."""
     return _dims(s, handle, index, True, "acl.mdl.get_output_dims")
-
-
-@_api("mdl.get_cur_output_dims", "kk", _dict_pair)
-def _get_cur_output_dims(s: _FakeAcl, handle: int, index: int) -> tuple[dict[str, Any], int]:
-    """acl.mdl.get_cur_output_dims(desc, i) -> (dims dict of the last execution, ret)."""
-    result, _ = _dims(s, handle, index, True, "acl.mdl.get_cur_output_dims")
-    model = _desc_model(s, handle)
-    assert model is not None
-    return _dims_dict(result["name"], model.cur_output_dims[index]), ACL_SUCCESS
 
 
 @_api("mdl.get_input_name_by_index", "kk", None)
@@ -2290,20 +1881,6 @@ def _get_output_data_type(s: _FakeAcl, handle: int, index: int) -> int:
     return io.acl_dtype if io else ACL_DT_UNDEFINED
 
 
-@_api("mdl.get_input_format", "kk", None)
-def _get_input_format(s: _FakeAcl, handle: int, index: int) -> int:
-    """acl.mdl.get_input_format(desc, i) -> aclFormat (-1 if invalid)."""
-    io = _desc_io(s, handle, index, outputs=False)
-    return io.fmt if io else ACL_FORMAT_UNDEFINED
-
-
-@_api("mdl.get_output_format", "kk", None)
-def _get_output_format(s: _FakeAcl, handle: int, index: int) -> int:
-    """acl.mdl.get_output_format(desc, i) -> aclFormat (-1 if invalid)."""
-    io = _desc_io(s, handle, index, outputs=True)
-    return io.fmt if io else ACL_FORMAT_UNDEFINED
-
-
 def _index_by_name(s: _FakeAcl, handle: int, name: str, outputs: bool, call: str) -> tuple[int, int]:
     s.lookup(handle, _Desc, "model desc", ACL_ERROR_INVALID_PARAM)
     model = _desc_model(s, handle)
@@ -2311,28 +1888,6 @@ def _index_by_name(s: _FakeAcl, handle: int, name: str, outputs: bool, call: str
         if io.name == name:
             return i, ACL_SUCCESS
     raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: no {'output' if outputs else 'input'} named {name!r}")
-
-
-@_api("mdl.get_input_index_by_name", "ks", _pair)
-def _get_input_index_by_name(s: _FakeAcl, handle: int, name: str) -> tuple[int, int]:
-    """acl.mdl.get_input_index_by_name(desc, name) -> (index, ret)."""
-    return _index_by_name(s, handle, name, False, "acl.mdl.get_input_index_by_name")
-
-
-@_api("mdl.get_output_index_by_name", "ks", _pair)
-def _get_output_index_by_name(s: _FakeAcl, handle: int, name: str) -> tuple[int, int]:
-    """acl.mdl.get_output_index_by_name(desc, name) -> (index, ret)."""
-    return _index_by_name(s, handle, name, True, "acl.mdl.get_output_index_by_name")
-
-
-@_api("mdl.get_tensor_real_name", "ks", None)
-def _get_tensor_real_name(s: _FakeAcl, handle: int, name: str) -> str | None:
-    """acl.mdl.get_tensor_real_name(desc, alias) -> the graph's tensor name (None if unknown)."""
-    model = _desc_model(s, handle)
-    for io in (model.inputs + model.outputs) if model else []:
-        if name in (io.name, io.real_name):
-            return io.real_name
-    return None
 
 
 @_api("mdl.create_dataset", None, lambda code, _a: 0)
@@ -2361,30 +1916,6 @@ def _add_dataset_buffer(s: _FakeAcl, handle: int, buffer: int) -> tuple[int, int
     return handle, ACL_SUCCESS
 
 
-@_api("mdl.get_dataset_num_buffers", "k", None)
-def _get_dataset_num_buffers(s: _FakeAcl, handle: int) -> int:
-    """acl.mdl.get_dataset_num_buffers(ds) -> int (0 if invalid)."""
-    ds = s.objects.get(handle)
-    return len(ds.buffers) if isinstance(ds, _Dataset) else 0
-
-
-@_api("mdl.get_dataset_buffer", "kk", None)
-def _get_dataset_buffer(s: _FakeAcl, handle: int, index: int) -> int:
-    """acl.mdl.get_dataset_buffer(ds, i) -> buffer handle (0 if invalid)."""
-    ds = s.objects.get(handle)
-    if isinstance(ds, _Dataset) and index < len(ds.buffers):
-        return ds.buffers[index]
-    return 0
-
-
-@_api("mdl.execute", "Ikk")
-def _execute(s: _FakeAcl, model_id: int, in_ds: int, out_ds: int) -> int:
-    """acl.mdl.execute(model_id, in_ds, out_ds) -> ret (synchronous)."""
-    _model, run = s.prepare_execute(model_id, in_ds, out_ds, "acl.mdl.execute")
-    run()
-    return ACL_SUCCESS
-
-
 @_api("mdl.execute_async", "Ikkk", is_async=True)
 def _execute_async(s: _FakeAcl, model_id: int, in_ds: int, out_ds: int, handle: int) -> int:
     """acl.mdl.execute_async(model_id, in_ds, out_ds, stream) -> ret: queued; runs at synchronize_stream.  Buffer
@@ -2394,9 +1925,12 @@ def _execute_async(s: _FakeAcl, model_id: int, in_ds: int, out_ds: int, handle: 
     stream = s.stream_for(handle, ctx, call)
     model, run = s.prepare_execute(model_id, in_ds, out_ds, call)
     if model.pending and model.pending_stream != stream.handle:
-        raise _Fail(ACL_ERROR_INVALID_PARAM, f"{call}: model {model_id} still has queued work on stream "
-                                             f"{_hex(model.pending_stream)}; one model must not run concurrently "
-                                             "on several streams")
+        raise _Fail(
+            ACL_ERROR_INVALID_PARAM,
+            f"{call}: model {model_id} still has queued work on stream "
+            f"{_hex(model.pending_stream)}; one model must not run concurrently "
+            "on several streams",
+        )
 
     def cleanup() -> None:
         model.pending -= 1
@@ -2405,20 +1939,6 @@ def _execute_async(s: _FakeAcl, model_id: int, in_ds: int, out_ds: int, handle: 
     model.pending_stream = stream.handle
     s.enqueue(stream, _Task(f"{call}(model {model_id})", run, cleanup=cleanup))
     s.counters.execute_async_calls += 1
-    return ACL_SUCCESS
-
-
-@_api("mdl.set_dynamic_batch_size", "IkkK")
-def _set_dynamic_batch_size(s: _FakeAcl, model_id: int, ds: int, index: int, batch: int) -> int:
-    """acl.mdl.set_dynamic_batch_size(model_id, in_ds, idx, batch) -> ret."""
-    s.write_gear(model_id, ds, index, "batch", (batch,), "acl.mdl.set_dynamic_batch_size")
-    return ACL_SUCCESS
-
-
-@_api("mdl.set_dynamic_hw_size", "IkkKK")
-def _set_dynamic_hw_size(s: _FakeAcl, model_id: int, ds: int, index: int, height: int, width: int) -> int:
-    """acl.mdl.set_dynamic_hw_size(model_id, in_ds, idx, height, width) -> ret (H before W)."""
-    s.write_gear(model_id, ds, index, "hw", (height, width), "acl.mdl.set_dynamic_hw_size")
     return ACL_SUCCESS
 
 
@@ -2445,27 +1965,13 @@ def _set_input_dynamic_dims(s: _FakeAcl, model_id: int, ds: int, index: int, dim
             s.write_gear(model_id, ds, index, "dims", gear, call)
             return ACL_SUCCESS
     if model.dyn_kind != "dims":
-        raise _Fail(ACL_ERROR_MODEL_NOT_DYNAMIC, f"{call}: model {model_id} has no dynamic dims gears (it is "
-                                                 f"{model.dyn_kind or 'static'})")
-    raise _Fail(ACL_ERROR_GE_SHAPE_INVALID, f"{call}: dims {list(full)} match no compiled gear of model {model_id}")
-
-
-@_api("mdl.get_dynamic_batch", "k", _dict_pair)
-def _get_dynamic_batch(s: _FakeAcl, handle: int) -> tuple[dict[str, Any], int]:
-    """acl.mdl.get_dynamic_batch(desc) -> ({"batchCount", "batch"}, ret)."""
-    s.lookup(handle, _Desc, "model desc", ACL_ERROR_INVALID_PARAM)
-    model = _desc_model(s, handle)
-    batches = [g[0] for g in model.user_gears] if model and model.dyn_kind == "batch" else []
-    return {"batchCount": len(batches), "batch": batches}, ACL_SUCCESS
-
-
-@_api("mdl.get_dynamic_hw", "kk", _dict_pair)
-def _get_dynamic_hw(s: _FakeAcl, handle: int, index: int) -> tuple[dict[str, Any], int]:
-    """acl.mdl.get_dynamic_hw(desc, idx) -> ({"hwCount", "hw": [[h, w], ...]}, ret)."""
-    s.lookup(handle, _Desc, "model desc", ACL_ERROR_INVALID_PARAM)
-    model = _desc_model(s, handle)
-    hws = [list(g) for g in model.user_gears] if model and model.dyn_kind == "hw" else []
-    return {"hwCount": len(hws), "hw": hws}, ACL_SUCCESS
+        raise _Fail(
+            ACL_ERROR_MODEL_NOT_DYNAMIC,
+            f"{call}: model {model_id} has no dynamic dims gears (it is {model.dyn_kind or 'static'})",
+        )
+    raise _Fail(
+        ACL_ERROR_GE_SHAPE_INVALID, f"{call}: dims {list(full)} match no compiled gear of model {model_id}"
+    )
 
 
 @_api("mdl.get_input_dynamic_gear_count", "kk", _pair)
@@ -2477,7 +1983,9 @@ def _get_input_dynamic_gear_count(s: _FakeAcl, handle: int, index: int) -> tuple
 
 
 @_api("mdl.get_input_dynamic_dims", "kkk", lambda code, _a: ([], code))
-def _get_input_dynamic_dims(s: _FakeAcl, handle: int, index: int, count: int) -> tuple[list[dict[str, Any]], int]:
+def _get_input_dynamic_dims(
+    s: _FakeAcl, handle: int, index: int, count: int
+) -> tuple[list[dict[str, Any]], int]:
     """acl.mdl.get_input_dynamic_dims(desc, idx, gear_count) -> ([dims dict per gear], ret)."""
     s.lookup(handle, _Desc, "model desc", ACL_ERROR_INVALID_PARAM)
     model = _desc_model(s, handle)
@@ -2501,111 +2009,15 @@ def _get_input_dynamic_dims(s: _FakeAcl, handle: int, index: int, count: int) ->
 def _host_view(s: _FakeAcl, ptr: int, size: int, call: str) -> int:
     where = s.where(ptr)
     if where == "device":
-        raise ValueError(f"{call}: {_hex(ptr)} is a device pointer; it is not host-accessible (real pyACL would "
-                         "crash reading it) - copy it to the host with acl.rt.memcpy first")
+        raise ValueError(
+            f"{call}: {_hex(ptr)} is a device pointer; it is not host-accessible (real pyACL would "
+            "crash reading it) - copy it to the host with acl.rt.memcpy first"
+        )
     if where == "handle":
         raise ValueError(f"{call}: {_hex(ptr)} is a fake-acl handle, not memory")
     if ptr == 0 or ptr < _MIN_HOST_PTR:
         raise ValueError(f"{call}: {_hex(ptr)} is not a valid host address")
     return ptr
-
-
-@_api("util.bytes_to_ptr", "O", None)
-def _bytes_to_ptr(s: _FakeAcl, data: object) -> int:
-    """acl.util.bytes_to_ptr(b) -> address of the bytes object's own buffer (no copy; writable by memcpy)."""
-    if not isinstance(data, bytes):
-        raise ValueError("needs an byte as argument")  # noqa: TRY004 - pyACL raises ValueError here
-    address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
-    return int(address or 0)
-
-
-@_api("util.ptr_to_bytes", "kk", None)
-def _ptr_to_bytes(s: _FakeAcl, ptr: int, size: int) -> bytes:
-    """acl.util.ptr_to_bytes(host_ptr, size) -> new bytes (a copy)."""
-    if ptr == 0:
-        return bytes(size)
-    return ctypes.string_at(_host_view(s, ptr, size, "acl.util.ptr_to_bytes"), size)
-
-
-@_api("util.numpy_to_ptr", "O", None)
-def _numpy_to_ptr(s: _FakeAcl, array: object) -> int:
-    """acl.util.numpy_to_ptr(ndarray) -> address of its data (no copy); warns that it is deprecated."""
-    warnings.warn("acl.util.numpy_to_ptr will be deprecated. Please use acl.util.bytes_to_ptr instead.",
-                  Warning, stacklevel=3)
-    if not isinstance(array, np.ndarray):
-        raise ValueError("needs an ndarray as argument")  # noqa: TRY004 - pyACL raises ValueError here
-    if not array.flags.c_contiguous:
-        warnings.warn("The input ndarray is discontiguous. Please use acl.util.bytes_to_ptr instead.",
-                      Warning, stacklevel=3)
-    return int(array.__array_interface__["data"][0])
-
-
-@_api("util.numpy_contiguous_to_ptr", "O", None)
-def _numpy_contiguous_to_ptr(s: _FakeAcl, array: object) -> tuple[int, np.ndarray[Any, Any]]:
-    """acl.util.numpy_contiguous_to_ptr(ndarray) -> (ptr, contiguous_array); keep the array alive."""
-    warnings.warn("acl.util.numpy_contiguous_to_ptr will be deprecated. Please use acl.util.bytes_to_ptr instead.",
-                  Warning, stacklevel=3)
-    if not isinstance(array, np.ndarray):
-        raise ValueError("needs an ndarray as argument")  # noqa: TRY004 - pyACL raises ValueError here
-    contiguous = np.ascontiguousarray(array)
-    return int(contiguous.__array_interface__["data"][0]), contiguous
-
-
-@_api("util.ptr_to_numpy", "kOi", None)
-def _ptr_to_numpy(s: _FakeAcl, ptr: int, shape: object, typenum: int) -> np.ndarray[Any, Any]:
-    """acl.util.ptr_to_numpy(host_ptr, shape_tuple, npy_typenum) -> writable ndarray VIEW of host memory."""
-    warnings.warn("acl.util.ptr_to_numpy will be deprecated. Please use acl.util.ptr_to_bytes instead.",
-                  Warning, stacklevel=3)
-    if not isinstance(shape, tuple):
-        raise ValueError("shape is empty")  # noqa: TRY004 - pyACL raises ValueError here
-    if not all(isinstance(d, int) for d in shape):
-        raise TypeError("the second argument is not list of int")
-    dtype = _NPY_TYPES.get(typenum)
-    if dtype is None:
-        raise ValueError(f"{typenum} is not a numpy type number")
-    nbytes = _prod(shape) * dtype.itemsize
-    address = _host_view(s, ptr, nbytes, "acl.util.ptr_to_numpy")
-    raw = (ctypes.c_char * max(nbytes, 1)).from_address(address)
-    return np.frombuffer(memoryview(raw), dtype=dtype, count=_prod(shape)).reshape(shape)
-
-
-@_api("util.start_thread", "OO", lambda code, _a: (0, code))
-def _start_thread(s: _FakeAcl, fn: object, arg: object) -> tuple[int, int]:
-    """acl.util.start_thread(fn, arg) -> (thread_id, ret): ``fn(arg)`` (``fn()`` when arg is None)."""
-    if not callable(fn):
-        raise TypeError("parameter must be callable")
-    record = _Thread(0, threading.Thread())
-
-    def body() -> None:
-        try:
-            fn() if arg is None else fn(arg)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by stop_thread like the real wrapper
-            record.errors.append(f"exception={type(exc).__name__},msg=thread call failed")
-
-    thread = threading.Thread(target=body, name="acl.util.start_thread", daemon=True)
-    record.thread = thread
-    thread.start()
-    assert thread.ident is not None
-    record.tid = thread.ident
-    s.threads[record.tid] = record
-    return record.tid, ACL_SUCCESS
-
-
-@_api("util.stop_thread", "K", None)
-def _stop_thread(s: _FakeAcl, tid: int) -> int:
-    """acl.util.stop_thread(thread_id) -> ret: joins; raises RuntimeError if the thread function raised."""
-    record = s.threads.get(tid)
-    if record is None or record.stopped:
-        return 3  # ESRCH
-    s.lock.release()
-    try:
-        record.thread.join()
-    finally:
-        s.lock.acquire()
-    record.stopped = True
-    if record.errors:
-        raise RuntimeError(";".join(record.errors) + ";")
-    return ACL_SUCCESS
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -2616,7 +2028,7 @@ _SUBMODULES = ("rt", "mdl", "media", "op", "blas", "util", "prof", "himpi", "fv"
 
 
 def _build_module() -> types.ModuleType:
-    root = types.ModuleType("acl", "Fake pyACL from vostream.stages.trackers.sam2.acl_fake (no Ascend device).")
+    root = types.ModuleType("acl", "Fake pyACL from tests/fake_acl.py (no Ascend device).")
     root.__file__ = __file__
     root.__vostream_fake__ = True  # type: ignore[attr-defined]
     subs = {name: types.ModuleType(f"acl.{name}") for name in _SUBMODULES}
@@ -2687,11 +2099,13 @@ def configure(**changes: Any) -> FakeConfig:
 
 
 def model_options(path: str | os.PathLike[str], **options: str | None) -> None:
-    """ATC-like options for a model file, instead of ``acl_fake.*`` ONNX metadata: ``input_shape="x:1,3,8,8"``,
+    """ATC-like options for a model file, instead of ``fake_acl.*`` ONNX metadata: ``input_shape="x:1,3,8,8"``,
     ``dynamic_batch_size="1,2,4"``, ``dynamic_image_size="224,224;448,448"``, ``dynamic_dims="1;2;4"``."""
     unknown = set(options) - set(_MDL_OPTION_KEYS)
     if unknown:
-        raise TypeError(f"model_options: unknown option(s) {sorted(unknown)}; known: {list(_MDL_OPTION_KEYS)}")
+        raise TypeError(
+            f"model_options: unknown option(s) {sorted(unknown)}; known: {list(_MDL_OPTION_KEYS)}"
+        )
     with _STATE.lock:
         entry = _STATE.model_opts.setdefault(os.path.abspath(os.fspath(path)), {})
         entry.update({k: v for k, v in options.items() if v})
@@ -2721,16 +2135,18 @@ def live_handles() -> dict[str, list[int]]:
             "devices": sorted(s.device_refs),
             "contexts": [],
             "streams": [],
-            "events": [],
             "models": sorted(s.models),
             "model_descs": [],
             "datasets": [],
             "data_buffers": [],
-            "tensor_descs": [],
-            "threads": [t.tid for t in s.threads.values() if not t.stopped],
         }
-        kinds = {_Context: "contexts", _Stream: "streams", _Event: "events", _Desc: "model_descs",
-                 _Dataset: "datasets", _DataBuffer: "data_buffers", _TensorDesc: "tensor_descs"}
+        kinds = {
+            _Context: "contexts",
+            _Stream: "streams",
+            _Desc: "model_descs",
+            _Dataset: "datasets",
+            _DataBuffer: "data_buffers",
+        }
         for handle, obj in s.objects.items():
             if getattr(obj, "destroyed", False):
                 continue
@@ -2750,14 +2166,21 @@ def assert_no_leaks(*, allow: Iterable[str] = ()) -> None:
         with _STATE.lock:
             sizes = {a.base: a.size for a in _STATE.dev_allocs if not a.freed}
         detail = "; ".join(
-            f"{k}: " + ", ".join(f"{_hex(h)} ({sizes[h]} B)" if k == "device_memory" else
-                                 (str(h) if k in ("models", "devices", "threads") else _hex(h)) for h in v)
+            f"{k}: "
+            + ", ".join(
+                f"{_hex(h)} ({sizes[h]} B)"
+                if k == "device_memory"
+                else (str(h) if k in ("models", "devices", "threads") else _hex(h))
+                for h in v
+            )
             for k, v in leaks.items()
         )
         raise AssertionError(f"fake acl: leaked {detail}")
 
 
-def inject(call: str, code: int, *, after: int = 0, times: int | None = 1, at_sync: bool = False) -> Injection:
+def inject(
+    call: str, code: int, *, after: int = 0, times: int | None = 1, at_sync: bool = False
+) -> Injection:
     """Make ``acl.<call>`` fail with ``code``: after ``after`` matching calls, ``times`` times (None = forever).
 
     ``call`` is e.g. ``"mdl.execute_async"`` or ``"rt.malloc"`` (an ``acl.`` prefix is accepted).  The call
@@ -2816,10 +2239,71 @@ def api_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Running vostream on the fake: ``python tests/fake_acl.py <vostream arguments>``
+# ----------------------------------------------------------------------------------------------------------------
+
+#: environment variable with a JSON object of :class:`FakeConfig` fields, applied wherever the fake is installed by
+#: :func:`main` or by an ``acl`` shim (:func:`write_shim`), child processes included
+CONFIG_ENV = "FAKE_ACL_CONFIG"
+
+_SHIM = """# written by tests/fake_acl.py: 'import acl' here gives the fake pyACL (configured from ${env})
+import json, os, sys
+sys.path.insert(0, {tests!r})
+import fake_acl
+fake_acl.configure(**json.loads(os.environ.get({env!r}) or "{{}}"))
+sys.modules["acl"] = fake_acl.install()
+"""
+
+
+def write_shim(directory: str | os.PathLike[str]) -> str:
+    """Write ``directory/acl.py``: a module that, when imported as ``acl``, installs this fake in its place.  Put
+    ``directory`` on ``PYTHONPATH`` so child processes (``vostream doctor``'s probe) get the fake too."""
+    path = os.path.join(os.fspath(directory), "acl.py")
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(path, "w") as f:
+        f.write(_SHIM.replace("${env}", CONFIG_ENV).format(tests=here, env=CONFIG_ENV))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python tests/fake_acl.py <vostream arguments>``: ``vostream`` with this fake as ``acl`` and the fake ATC
+    (``tests/fake_atc.py``) as ``atc`` on ``PATH``, in this process and in its child processes; no NPU, no CANN.
+    ``FAKE_ACL_CONFIG='{"hbm_bytes": 1073741824}'`` configures the fake device (:class:`FakeConfig`)."""
+    import json
+    import tempfile
+
+    import fake_atc
+
+    from vostream.pipeline.apps.cli import main as vostream_main
+
+    argv = sys.argv[1:] if argv is None else argv
+    with tempfile.TemporaryDirectory(prefix="fake-acl-") as tmp:
+        fake_atc.install(tmp)
+        write_shim(tmp)
+        here = os.path.dirname(os.path.abspath(__file__))
+        saved = {k: os.environ.get(k) for k in ("PATH", "PYTHONPATH")}
+        os.environ["PATH"] = os.pathsep.join([tmp, os.environ.get("PATH", "")])
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, here, os.environ.get("PYTHONPATH")) if p)
+        configure(**json.loads(os.environ.get(CONFIG_ENV) or "{}"))
+        install()
+        try:
+            return vostream_main(argv)
+        finally:
+            uninstall()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 def _format_guesses() -> str:
-    return "\nGuesses (behaviour not pinned by the reference; verify on hardware):\n\n" + "\n".join(
-        f"{i}. {g}" for i, g in enumerate(GUESSES, start=1)
-    ) + "\n"
+    return (
+        "\nGuesses (behaviour not pinned by the reference; verify on hardware):\n\n"
+        + "\n".join(f"{i}. {g}" for i, g in enumerate(GUESSES, start=1))
+        + "\n"
+    )
 
 
 __doc__ = (__doc__ or "") + _format_guesses()
@@ -2838,6 +2322,7 @@ __all__ = [
     "inject",
     "install",
     "live_handles",
+    "main",
     "model_options",
     "module",
     "peek",
@@ -2846,4 +2331,11 @@ __all__ = [
     "reset_stats",
     "stats",
     "uninstall",
+    "write_shim",
 ]
+
+if __name__ == "__main__":
+    # tests/ is sys.path[0]: import this file once more as ``fake_acl``, the module everything else imports
+    import fake_acl as _self
+
+    raise SystemExit(_self.main(sys.argv[1:]))

@@ -24,8 +24,16 @@ from media import (
     square_frames,
     square_mask,
 )
+
 from vostream.pipeline.errors import ConfigError, SourceError
-from vostream.stages.sources.decode import FrameDirSource, VideoFileSource, is_live_uri, natural_key, open_source, probe
+from vostream.stages.sources import (
+    FrameDirSource,
+    VideoFileSource,
+    is_live_uri,
+    natural_key,
+    open_source,
+    probe,
+)
 
 W, H, N = 96, 64, 24
 
@@ -102,8 +110,24 @@ def test_rotation_metadata_is_applied(rotation: int) -> None:
 @pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs the ffmpeg command-line tool")
 def test_rotation_matches_ffmpeg_autorotate() -> None:
     path = moving_square_clip(".mp4", "libx264", count=4, width=W, height=H, rotate=90)
-    raw = subprocess.run(["ffmpeg", "-v", "error", "-i", str(path), "-frames:v", "1", "-f", "rawvideo",
-                          "-pix_fmt", "rgb24", "-"], capture_output=True, check=True).stdout
+    raw = subprocess.run(
+        [
+            "ffmpeg",
+            "-v",
+            "error",
+            "-i",
+            str(path),
+            "-frames:v",
+            "1",
+            "-f",
+            "rawvideo",
+            "-pix_fmt",
+            "rgb24",
+            "-",
+        ],
+        capture_output=True,
+        check=True,
+    ).stdout
     theirs = np.frombuffer(raw, np.uint8).reshape(W, H, 3)
     ours = VideoFileSource(path).read()
     assert ours is not None
@@ -119,6 +143,7 @@ def test_probe() -> None:
 
 
 # -- broken inputs -----------------------------------------------------------------------------------------------
+
 
 def test_missing_file() -> None:
     with pytest.raises(SourceError, match="no such file.*nope.mp4"):
@@ -177,13 +202,14 @@ def _corrupt_packet(path: Path, packet_no: int, seed: int = 0) -> int:
     pos, size, pts = packets[packet_no]
     data = bytearray(path.read_bytes())
     noise = np.random.default_rng(seed).integers(0, 256, size // 2, dtype=np.uint8).tobytes()
-    data[pos + size // 4: pos + size // 4 + len(noise)] = noise
+    data[pos + size // 4 : pos + size // 4 + len(noise)] = noise
     path.write_bytes(bytes(data))
     return int(pts)
 
 
-@pytest.mark.parametrize("ext,codec", [(".avi", "mjpeg"), (".mkv", "mpeg4"), (".mp4", "libx264"),
-                                       (".webm", "libvpx")])
+@pytest.mark.parametrize(
+    "ext,codec", [(".avi", "mjpeg"), (".mkv", "mpeg4"), (".mp4", "libx264"), (".webm", "libvpx")]
+)
 def test_corrupt_packet_in_the_middle_is_skipped(tmp_path: Path, ext: str, codec: str) -> None:
     path = copy_to(moving_square_clip(ext, codec, count=48, width=W, height=H), tmp_path)
     with av.open(str(path)) as c:
@@ -206,6 +232,7 @@ def test_corrupt_packet_in_the_middle_is_skipped(tmp_path: Path, ext: str, codec
 
 
 # -- frame directories -------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("ext", [".jpg", ".png"])
 def test_frame_directory(ext: str) -> None:
@@ -239,8 +266,11 @@ def test_frame_directory_errors(tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(SourceError, match=f"no images in {empty}"):
         open_source(empty).open()
-    mixed = make_frame_dir(tmp_path / "mixed", [square_frame(0, 32, 24), square_frame(1, 32, 24),
-                                                square_frame(2, 40, 24)], ext=".png")
+    mixed = make_frame_dir(
+        tmp_path / "mixed",
+        [square_frame(0, 32, 24), square_frame(1, 32, 24), square_frame(2, 40, 24)],
+        ext=".png",
+    )
     source = FrameDirSource(mixed)
     assert source.read() is not None and source.read() is not None
     with pytest.raises(SourceError, match=r"00002.png is 40x24 .* 32x24"):
@@ -257,6 +287,7 @@ def test_frame_directory_skips_unreadable_image(tmp_path: Path) -> None:
 
 
 # -- dispatch and interrupt --------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("uri", ["rtsp://cam.local/stream", "http://example.com/a.m3u8", "/dev/video0", "0"])
 def test_live_uris_open_live_sources(uri: str) -> None:

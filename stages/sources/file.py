@@ -1,8 +1,5 @@
-"""Decoding sources: video files (PyAV) and directories of numbered frames.
-
-:func:`open_source` picks the source for a URI; :func:`probe` reads a file's size, rate and rotation cheaply.
-Every source yields upright RGB ``uint8`` :class:`~vostream.pipeline.types.Frame` objects and returns ``None`` at
-end of stream.  See ``docs/sources.md`` for the failure behaviour.
+"""Video files decoded with PyAV: upright RGB ``uint8`` :class:`~vostream.pipeline.types.Frame` objects, ``None``
+at end of stream.  See ``docs/sources.md`` for the failure behaviour.
 
 Threading: one thread calls ``open``/``read``/``close``; :meth:`interrupt` may be called from any thread.
 """
@@ -11,27 +8,22 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
+from collections.abc import Iterator
 from fractions import Fraction
-from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import av
 import cv2
 import numpy as np
-import cv2
-import numpy as np
+
 from vostream.pipeline.errors import ConfigError, SourceError
 from vostream.pipeline.stage import Source
 from vostream.pipeline.types import Frame
 
 logger = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
-_LIVE_PREFIXES = ("rtsp://", "rtsps://", "rtmp://", "rtmps://", "http://", "https://", "udp://", "tcp://",
-                  "srt://", "/dev/video")
 _ROTATE = {1: cv2.ROTATE_90_COUNTERCLOCKWISE, 2: cv2.ROTATE_180, 3: cv2.ROTATE_90_CLOCKWISE}
 
 
@@ -70,14 +62,18 @@ def _open_container(path: str, timeout: float | tuple[float, float] | None) -> A
     if not os.path.exists(path):
         raise SourceError(f"no such file or directory: {path!r}")
     if os.path.isdir(path):
-        raise SourceError(f"{path!r} is a directory, not a video file; use FrameDirSource for a frames directory")
+        raise SourceError(
+            f"{path!r} is a directory, not a video file; use FrameDirSource for a frames directory"
+        )
     try:
         container = av.open(path, timeout=timeout)
     except av.error.EOFError as err:
         raise SourceError(f"{path!r} contains no frames (empty or truncated file)") from err
     except av.error.InvalidDataError as err:
-        raise SourceError(f"{path!r} is not a video file FFmpeg can read ({_one_line(err)}); "
-                          f"check the file is complete and not corrupt") from err
+        raise SourceError(
+            f"{path!r} is not a video file FFmpeg can read ({_one_line(err)}); "
+            f"check the file is complete and not corrupt"
+        ) from err
     except (av.error.FFmpegError, OSError) as err:
         raise SourceError(f"cannot open {path!r}: {_one_line(err)}") from err
     if not container.streams.video:
@@ -113,8 +109,13 @@ def to_rgb(frame: Any) -> np.ndarray:
     threads): about 7x faster than swscale's ``rgb24`` path here, within +-3 levels of it.  Everything else goes
     through ``to_ndarray(format="rgb24")``.
     """
-    if (frame.format.name == "yuv420p" and not frame.width % 2 and not frame.height % 2
-            and int(frame.colorspace) in _BT601 and int(frame.color_range) in _LIMITED):
+    if (
+        frame.format.name == "yuv420p"
+        and not frame.width % 2
+        and not frame.height % 2
+        and int(frame.colorspace) in _BT601
+        and int(frame.color_range) in _LIMITED
+    ):
         planes = frame.to_ndarray()  # (H * 3/2, W): Y plane, then U, then V
         if planes.shape == (frame.height * 3 // 2, frame.width):
             return cv2.cvtColor(planes, cv2.COLOR_YUV2RGB_I420)
@@ -133,13 +134,22 @@ class VideoFileSource(Source[Frame]):
 
     live = False
 
-    def __init__(self, path: str | os.PathLike[str], *, threads: str | int = "AUTO", start: int = 0,
-                 max_frames: int | None = None, timeout: float | tuple[float, float] | None = (10.0, 10.0),
-                 source_id: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        threads: str | int = "AUTO",
+        start: int = 0,
+        max_frames: int | None = None,
+        timeout: float | tuple[float, float] | None = (10.0, 10.0),
+        source_id: str | None = None,
+    ) -> None:
         self.path = os.fspath(path)
         if not os.path.exists(self.path):
             raise SourceError(f"no such file or directory: {self.path!r}")
-        if not (threads == "AUTO" or (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1)):
+        if not (
+            threads == "AUTO" or (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1)
+        ):
             raise ConfigError(f"threads must be 'AUTO' or a positive integer, got {threads!r}")
         if start < 0:
             raise ConfigError(f"start must be >= 0, got {start}")
@@ -192,8 +202,9 @@ class VideoFileSource(Source[Frame]):
         if first is None:
             self.close()
             if self._corrupt:
-                raise SourceError(f"no decodable frames in {self.path!r} ({self._corrupt} corrupt); "
-                                  f"the file is damaged")
+                raise SourceError(
+                    f"no decodable frames in {self.path!r} ({self._corrupt} corrupt); the file is damaged"
+                )
             if self.start:
                 raise SourceError(f"{self.path!r} has fewer than start={self.start} frames")
             raise SourceError(f"{self.path!r} contains no frames")
@@ -215,7 +226,9 @@ class VideoFileSource(Source[Frame]):
             except (av.error.FFmpegError, OSError) as err:
                 # The demuxer gave up (file cut short or damaged index): end the stream with what we have.
                 self._truncated = True
-                logger.warning("%s: stopped reading after %d frames: %s", self.path, self._delivered, _one_line(err))
+                logger.warning(
+                    "%s: stopped reading after %d frames: %s", self.path, self._delivered, _one_line(err)
+                )
                 return
             try:
                 frames = packet.decode()
@@ -225,12 +238,16 @@ class VideoFileSource(Source[Frame]):
                 # InvalidDataError mostly; decoders also report damaged data as EPERM, "undefined" or "bug".
                 if packet.size:
                     self._corrupt += 1
-                    logger.warning("%s: skipped a corrupt packet (pts %s): %s", self.path, packet.pts, _one_line(err))
+                    logger.warning(
+                        "%s: skipped a corrupt packet (pts %s): %s", self.path, packet.pts, _one_line(err)
+                    )
                 continue
             for frame in frames:
                 if frame.is_corrupt:
                     self._corrupt += 1
-                    logger.warning("%s: skipped a frame the decoder flagged corrupt (pts %s)", self.path, frame.pts)
+                    logger.warning(
+                        "%s: skipped a frame the decoder flagged corrupt (pts %s)", self.path, frame.pts
+                    )
                     continue
                 yield frame
 
@@ -259,8 +276,12 @@ class VideoFileSource(Source[Frame]):
         got = self._delivered + (self._pending is not None) + self._corrupt
         if got < self.length - 1:
             self._truncated = True
-            logger.warning("%s: stream ended after %d of ~%d frames; the file looks truncated",
-                           self.path, got, self.length)
+            logger.warning(
+                "%s: stream ended after %d of ~%d frames; the file looks truncated",
+                self.path,
+                got,
+                self.length,
+            )
 
     def read(self) -> Frame | None:
         """The next upright RGB frame, or ``None`` at end of stream, after ``max_frames`` or after interrupt."""
@@ -281,7 +302,9 @@ class VideoFileSource(Source[Frame]):
         turns = _quarter_turns(rotation)
         if rotation and turns * 90 % 360 != float(rotation) % 360 and not self._warned_angle:
             self._warned_angle = True
-            logger.warning("%s: rotation %s° is not a multiple of 90°; using %d°", self.path, rotation, turns * 90)
+            logger.warning(
+                "%s: rotation %s° is not a multiple of 90°; using %d°", self.path, rotation, turns * 90
+            )
         image = _upright(image, turns)
         frame = Frame(
             index=self._delivered,
@@ -326,205 +349,4 @@ class VideoFileSource(Source[Frame]):
         self.close()
 
 
-def probe(path: str | os.PathLike[str], timeout: float | tuple[float, float] | None = (10.0, 10.0)) -> VideoInfo:
-    """Size (upright), frame rate, frame-count estimate, codec name and rotation of a video file.
-
-    Decodes only the first frame (needed for the rotation).  A frames directory gives its first image's size,
-    ``fps`` 0.0, the image count and codec ``"images"``.  Raises :class:`SourceError` like the sources.
-    """
-    if os.path.isdir(path):
-        frames = FrameDirSource(path)
-        frames.open()
-        return VideoInfo(frames.width, frames.height, 0.0, frames.length, "images", 0)
-    source = VideoFileSource(path, timeout=timeout, threads=1)
-    try:
-        source.open()
-        return VideoInfo(source.width, source.height, source.fps, source.length,
-                         source._stream.codec_context.name, source.rotation)
-    finally:
-        source.close()
-
-
-# -- frame directories -----------------------------------------------------------------------------------------
-
-def natural_key(name: str) -> list[Any]:
-    """Sort key where digit runs compare as numbers: ``2.png`` < ``10.png``."""
-    return [(0, int(part), part) if part.isdigit() else (1, 0, part.lower())
-            for part in re.split(r"(\d+)", name) if part]
-
-
-def list_images(directory: str | os.PathLike[str]) -> list[Path]:
-    """The JPEG/PNG files of ``directory`` in natural order."""
-    files = [p for p in Path(directory).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS]
-    return sorted(files, key=lambda p: natural_key(p.name))
-
-
-def _read_image(path: Path) -> np.ndarray | None:
-    data = np.fromfile(str(path), dtype=np.uint8)
-    if not len(data):
-        return None
-    image = cv2.imdecode(data, cv2.IMREAD_COLOR)
-    if image is None:
-        return None
-    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-
-
-class FrameDirSource(Source[Frame]):
-    """A directory of numbered JPEG/PNG frames (DAVIS layout), natural order, all of one size.
-
-    Raises :class:`SourceError` for a missing path, a path that is not a directory, a directory without images
-    and an image whose size differs from the first (naming it).  Unreadable images are skipped and counted in
-    ``stats()["corrupt_frames"]``.  Not thread-safe except :meth:`interrupt`.
-    """
-
-    live = False
-
-    def __init__(self, path: str | os.PathLike[str], *, start: int = 0, max_frames: int | None = None,
-                 fps: float | None = None, source_id: str | None = None) -> None:
-        self.path = os.fspath(path)
-        if not os.path.exists(self.path):
-            raise SourceError(f"no such file or directory: {self.path!r}")
-        if not os.path.isdir(self.path):
-            raise SourceError(f"{self.path!r} is not a directory of frames")
-        if start < 0:
-            raise ConfigError(f"start must be >= 0, got {start}")
-        if fps is not None and not fps > 0:
-            raise ConfigError(f"fps must be positive, got {fps}")
-        self.start = int(start)
-        self.max_frames = max_frames
-        self.fps = float(fps) if fps else 0.0
-        self.source_id = source_id or os.path.basename(os.path.normpath(self.path))
-        self.name = f"decode:{self.source_id}"
-        self.files: list[Path] = []
-        self.width = 0
-        self.height = 0
-        self.length: int | None = None
-        self._pos = 0
-        self._delivered = 0
-        self._corrupt = 0
-        self._opened = False
-        self._stop = threading.Event()
-
-    def open(self) -> None:
-        if self._opened:
-            return
-        try:
-            files = list_images(self.path)
-        except OSError as err:
-            raise SourceError(f"cannot list {self.path!r}: {_one_line(err)}") from err
-        if not files:
-            raise SourceError(f"no images in {self.path} (expected numbered frames such as 00000.jpg or 00000.png)")
-        files = files[self.start:]
-        if self.max_frames is not None:
-            files = files[:self.max_frames]
-        if not files:
-            raise SourceError(f"{self.path!r} has fewer than start={self.start} images")
-        self.files = files
-        self.length = len(files)
-        for path in files:  # the size of the first readable image fixes the frame size
-            image = _read_image(path)
-            if image is not None:
-                self.height, self.width = image.shape[:2]
-                break
-        else:
-            raise SourceError(f"no readable images in {self.path!r} ({len(files)} unreadable files)")
-        self._opened = True
-
-    def read(self) -> Frame | None:
-        if self._stop.is_set():
-            return None
-        if not self._opened:
-            self.open()
-        while self._pos < len(self.files):
-            path = self.files[self._pos]
-            pts = self._pos + self.start
-            self._pos += 1
-            image = _read_image(path)
-            if image is None:
-                self._corrupt += 1
-                logger.warning("%s: skipped unreadable image", path)
-                continue
-            if image.shape[:2] != (self.height, self.width):
-                raise SourceError(
-                    f"{path} is {image.shape[1]}x{image.shape[0]} but the frames of {self.path} are "
-                    f"{self.width}x{self.height}; every frame must have the same size")
-            frame = Frame(index=self._delivered, image=image, pts=pts,
-                          time_base=Fraction(1) / Fraction(self.fps).limit_denominator(1001000) if self.fps else None,
-                          capture_time=time.time(), source_id=self.source_id)
-            self._delivered += 1
-            return frame
-        return None
-
-    def interrupt(self) -> None:
-        self._stop.set()
-
-    def close(self) -> None:
-        self._pos = len(self.files)
-
-    def stats(self) -> dict[str, Any]:
-        return {"frames": self._delivered, "corrupt_frames": self._corrupt}
-
-    def __iter__(self) -> Iterator[Frame]:
-        while (frame := self.read()) is not None:
-            yield frame
-
-    def __enter__(self) -> FrameDirSource:
-        self.open()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-# -- dispatch --------------------------------------------------------------------------------------------------
-
-def is_live_uri(uri: str | os.PathLike[str]) -> bool:
-    """True for network streams and cameras (``rtsp://``, ``http(s)://``, ``/dev/video0``, a camera index)."""
-    text = os.fspath(uri)
-    return text.lower().startswith(_LIVE_PREFIXES) or text.isdigit()
-
-
-def open_live_source(uri: str, **options: Any) -> Source[Frame]:
-    """The source for a live feed (RTSP, HTTP, cameras): a :class:`~vostream.stages.sources.live.LiveSource`
-    (``live = True``: reconnects by itself; ``docs/live.md``).  Raises :class:`ConfigError` for bad options."""
-    from vostream.stages.sources.live import open_live
-
-    return open_live(uri, **options)
-
-
-def open_source(uri: str | os.PathLike[str], **options: Any) -> Source[Frame]:
-    """The source for ``uri``: a directory → :class:`FrameDirSource`, a file → :class:`VideoFileSource`,
-    a live URI → :func:`open_live_source`.  ``options`` go to the source's constructor.
-
-    Raises :class:`SourceError` when ``uri`` does not exist and :class:`ConfigError` for options the source does
-    not take.
-    """
-    text = os.fspath(uri)
-    if text.startswith("file://"):
-        text = text[len("file://"):]
-    if is_live_uri(text):
-        return open_live_source(text, **options)
-    if os.path.isdir(text):
-        cls: type[Source[Frame]] = FrameDirSource
-    elif os.path.exists(text):
-        cls = VideoFileSource
-    else:
-        raise SourceError(f"no such file or directory: {text!r}")
-    try:
-        return cls(text, **options)  # type: ignore[call-arg]
-    except TypeError as err:
-        raise ConfigError(f"bad option for {cls.__name__} ({text!r}): {err}") from err
-
-
-__all__ = [
-    "FrameDirSource",
-    "IMAGE_EXTENSIONS",
-    "VideoFileSource",
-    "VideoInfo",
-    "is_live_uri",
-    "list_images",
-    "natural_key",
-    "open_live_source",
-    "open_source",
-    "probe",
-]
+__all__ = ["VideoFileSource", "VideoInfo", "to_rgb"]

@@ -1,0 +1,54 @@
+"""The one place a track pipeline is put together: source → preprocess → track → postprocess → sinks.
+
+``vostream track`` (:mod:`vostream.pipeline.apps.track`), batch annotation (its jobs call ``track``'s builder) and
+every viewer session (:mod:`vostream.pipeline.apps.serve.session`) call :func:`assemble_track`; they differ only in
+the source, the sinks, the queue size and the policy they pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from vostream.pipeline.engine import Pipeline
+from vostream.pipeline.stage import SinkSpec, Source
+from vostream.pipeline.types import Control, Frame
+from vostream.stages.postprocess import PostprocessStage
+from vostream.stages.preprocess import PreprocessStage
+from vostream.stages.track import TrackStage
+from vostream.stages.trackers import Tracker
+
+
+def preprocess_ring(queue_size: int) -> int:
+    """Buffers in the preprocess stage's ring.  A tensor stays referenced while it waits in the queue before the
+    track stage (``queue_size``) and while the tracker steps on it (1); the preprocess stage fills one more.  Two
+    spare buffers on top, so a buffer is never rewritten while the tracker can still read it."""
+    return queue_size + 4
+
+
+def assemble_track(
+    source: Source[Frame],
+    tracker: Tracker,
+    sinks: Sequence[SinkSpec[Any]],
+    *,
+    prompts: Iterable[Control] = (),
+    queue_size: int = 8,
+    policy: str | None = None,
+    name: str = "track",
+    fill_holes: bool = False,
+    min_area: int = 0,
+) -> Pipeline:
+    """The pipeline tracking ``source`` with ``tracker`` (one new :class:`TrackerSession`) into ``sinks``.
+
+    ``prompts`` are applied at the frames they name; more can be sent while running with
+    :meth:`Pipeline.send_control`.  ``policy`` is the queues' backpressure policy (``None``: ``block`` for files,
+    ``latest`` for a live source).  Nothing starts until :meth:`Pipeline.start`/``run``."""
+    stages = [
+        PreprocessStage(tracker.input_spec, ring=preprocess_ring(queue_size)),
+        TrackStage(tracker, prompts),
+        PostprocessStage(fill_holes=fill_holes, min_area=min_area),
+    ]
+    return Pipeline(source, stages, list(sinks), policy=policy, queue_size=queue_size, name=name)
+
+
+__all__ = ["assemble_track", "preprocess_ring"]

@@ -1,0 +1,130 @@
+"""The import rules of ``docs/architecture.md``, checked on every module's imports (including those inside
+functions): a module imports only what the rule for its folder allows, so the dataflow stays readable from the
+folder names alone."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = ("pipeline", "stages", "sinks", "web", "samples")
+
+CORE = "vostream.pipeline"  # the engine and contracts: vostream.pipeline.* except vostream.pipeline.apps
+APPS = "vostream.pipeline.apps"
+
+#: (module prefix, what its modules may import from vostream); the first matching prefix applies
+RULES: list[tuple[str, tuple[str, ...]]] = [
+    (APPS, ("vostream",)),  # applications: anything
+    ("vostream.samples.examples", ("vostream",)),  # runnable examples use the public API
+    ("vostream.stages.sources", (CORE, "vostream.stages.sources")),
+    (
+        "vostream.stages.trackers.sam2.backends",
+        (
+            CORE,
+            "vostream.stages.trackers.base",
+            "vostream.stages.trackers.sam2.manifest",
+            "vostream.stages.trackers.sam2.runtime",
+            "vostream.stages.trackers.sam2.session",
+            "vostream.stages.trackers.sam2.backends",
+        ),
+    ),
+    ("vostream.stages.trackers", (CORE, "vostream.stages.trackers")),
+    ("vostream.stages", (CORE, "vostream.stages")),
+    ("vostream.sinks", (CORE, "vostream.sinks")),
+    ("vostream.samples", (CORE, "vostream.samples")),
+    ("vostream.web", ()),
+    (CORE, (CORE,)),
+]
+
+
+def module_name(path: Path) -> str:
+    if path == ROOT / "pipeline" / "api" / "__init__.py":
+        return "vostream"  # the facade, installed as the top-level package (pyproject's package-dir)
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["vostream", *parts])
+
+
+def imports_of(path: Path, name: str) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if node.module is None:  # `from . import x`: x may be a module
+                found += [(node.lineno, f"{mod}.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, mod))
+    return [(line, mod) for line, mod in found if mod == "vostream" or mod.startswith("vostream.")]
+
+
+def allowed(importer: str, imported: str) -> bool:
+    def within(mod: str, prefix: str) -> bool:
+        return mod == prefix or mod.startswith(prefix + ".")
+
+    if importer == "vostream":
+        return True  # the facade sits on top of everything
+    for prefix, may in RULES:
+        if within(importer, prefix):
+            if may == ("vostream",):
+                return True
+            if within(imported, APPS):
+                return False  # nothing below the applications imports them
+            return any(within(imported, m) for m in may)
+    raise AssertionError(f"no import rule covers {importer}")
+
+
+def product_modules() -> list[Path]:
+    return sorted(
+        p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts
+    )
+
+
+def test_every_module_follows_its_folders_import_rule():
+    broken = []
+    for path in product_modules():
+        name = module_name(path)
+        for line, mod in imports_of(path, name):
+            if not allowed(name, mod):
+                broken.append(f"{path.relative_to(ROOT)}:{line}: {name} imports {mod}")
+    assert not broken, "imports against docs/architecture.md:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize(
+    "importer, imported, ok",
+    [
+        ("vostream.pipeline.engine", "vostream.pipeline.types", True),
+        ("vostream.pipeline.engine", "vostream.stages.track", False),
+        ("vostream.pipeline.engine", "vostream.pipeline.apps.track", False),
+        ("vostream.sinks.rtsp", "vostream.stages.sources.live", False),
+        ("vostream.stages.sources.live", "vostream.pipeline.reconnect", True),
+        ("vostream.stages.trackers.sam2.backends.acl", "vostream.stages.trackers.sam2", False),
+        ("vostream.stages.track", "vostream.pipeline.apps.prompts", False),
+        ("vostream.pipeline.apps.serve.session", "vostream.sinks.websocket", True),
+    ],
+)
+def test_the_rules_themselves(importer, imported, ok):
+    """The checker refuses the backwards imports the layout removed (and allows the forward ones)."""
+    assert allowed(importer, imported) is ok
+
+
+def test_the_checker_sees_imports_inside_functions(tmp_path):
+    mod = ROOT / "pipeline" / "engine.py"
+    names = [m for _, m in imports_of(mod, "vostream.pipeline.engine")]
+    assert "vostream.pipeline.errors" in names  # a relative, module-level import resolved
+    src = tmp_path / "x.py"
+    src.write_text("def f():\n    from vostream.stages.track import TrackStage\n")
+    assert imports_of(src, "vostream.pipeline.x") == [(2, "vostream.stages.track")]
