@@ -1,10 +1,12 @@
-"""One worker thread shared by several streams, taking them in turn: how N pipelines share one tracker.
+"""Worker threads shared by several streams, taking them in turn: how N pipelines share one tracker.
 
 Each stream's track stage calls :meth:`RoundRobinScheduler.run` with the work for one frame and blocks until the
 worker has run it.  The worker takes the streams that have work waiting in round-robin order, so a stream waits
 for at most one turn of every other stream, and a stream that has nothing waiting (a stalled or reconnecting feed)
-costs the others nothing.  One thread drives the shared runtime (what ONNX Runtime sessions and AscendCL contexts
-want), and per-stream figures say how the device time was shared.
+costs the others nothing.  With one worker (the default) one thread drives the shared runtime (what AscendCL
+contexts and a device want); more workers run different streams' work at the same time (CPU trackers, whose
+sessions share no state).  A stream's own work never runs twice at once: its caller waits for each result.
+Per-stream figures say how the worker time was shared.
 
 Failure behaviour: an exception raised by a stream's work is raised in *that* stream's caller only; the worker
 goes on with the other streams.  :meth:`close` refuses new work and wakes every waiting caller with
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from vostream.pipeline.errors import StageError
+from vostream.pipeline.errors import ConfigError, StageError
 
 T = TypeVar("T")
 
@@ -51,23 +53,29 @@ class RoundRobinScheduler:
     entering it as a context manager) waits for it.  The turn order is the order streams were registered
     (:meth:`register`, or a stream's first :meth:`run`)."""
 
-    def __init__(self, name: str = "scheduler") -> None:
+    def __init__(self, name: str = "scheduler", workers: int = 1) -> None:
+        if workers < 1:
+            raise ConfigError(f"scheduler {name!r}: workers must be >= 1, got {workers}")
         self.name = name
+        self.workers = workers
         self._cond = threading.Condition()
         self._order: list[str] = []  # registration order = the turn order
         self._pending: dict[str, collections.deque[_Job[Any]]] = {}
         self._stats: dict[str, _StreamStats] = {}
         self._next = 0
+        self._running: set[str] = set()  # streams whose work a worker is running now (never two at once)
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._started = time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> RoundRobinScheduler:
         with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name=f"vostream-{self.name}", daemon=True)
-                self._thread.start()
+            if not self._threads:
+                for k in range(self.workers):
+                    t = threading.Thread(target=self._work, name=f"vostream-{self.name}-{k}", daemon=True)
+                    t.start()
+                    self._threads.append(t)
         return self
 
     def close(self, timeout: float = 10.0) -> None:
@@ -81,8 +89,9 @@ class RoundRobinScheduler:
         for job in waiting:
             job.error = SchedulerClosed(self.name, "the scheduler closed before this stream's turn")
             job.done.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
 
     def __enter__(self) -> RoundRobinScheduler:
         return self.start()
@@ -127,8 +136,9 @@ class RoundRobinScheduler:
             n = len(self._order)
             for k in range(n):
                 stream = self._order[(self._next + k) % n]
-                if self._pending[stream]:
+                if self._pending[stream] and stream not in self._running:
                     self._next = (self._next + k + 1) % n
+                    self._running.add(stream)
                     return self._pending[stream].popleft()
             self._cond.wait()
         return None
@@ -146,6 +156,8 @@ class RoundRobinScheduler:
                 job.error = exc
             t1 = time.monotonic()
             with self._cond:
+                self._running.discard(job.stream)
+                self._cond.notify_all()  # the stream's next work may wait for this one
                 st = self._stats[job.stream]
                 st.runs += 1
                 st.busy_s += t1 - t0

@@ -270,3 +270,33 @@ def test_a_dead_feed_does_not_stall_the_other_stream(tmp_path):
             summary = dep.wait()
     assert summary["streams"]["b"]["error"] is None
     assert (tmp_path / "a" / "summary.json").exists() and (tmp_path / "b" / "summary.json").exists()
+
+
+def test_several_workers_run_different_streams_at_once_but_a_stream_never_twice():
+    sched = RoundRobinScheduler(workers=3)
+    active: dict[str, int] = {"a": 0, "b": 0}
+    peak = {"a": 0, "b": 0, "total": 0}
+    lock = threading.Lock()
+
+    def work(name: str) -> None:
+        with lock:
+            active[name] += 1
+            peak[name] = max(peak[name], active[name])
+            peak["total"] = max(peak["total"], sum(active.values()))
+        time.sleep(0.05)
+        with lock:
+            active[name] -= 1
+
+    threads = [
+        threading.Thread(target=sched.run, args=(n, lambda n=n: work(n)))
+        for n in ("a", "b")
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    assert wait_until(lambda: sum(sched.pending().values()) == 8)
+    with sched:
+        for t in threads:
+            t.join(10)
+    assert peak["a"] == 1 and peak["b"] == 1  # a stream's own work is never run twice at once
+    assert peak["total"] == 2  # but the two streams ran side by side

@@ -1,7 +1,7 @@
 """``vostream run --config deploy.toml``: several streams in one process sharing one loaded tracker.
 
-The file has one ``[tracker]`` table (``backend``, ``model``, ``provider``, ``threads``, ``device_id`` and the
-backend's own options), an optional ``[metrics]`` table (``port``: Prometheus text on 127.0.0.1) and one
+The file has one ``[tracker]`` table (``backend``, ``model``, ``provider``, ``threads``, ``device_id``,
+``workers`` and the backend's own options), an optional ``[metrics]`` table (``port``: Prometheus text on 127.0.0.1) and one
 ``[[streams]]`` table per stream with the keys of a ``vostream track`` config (``source``, ``out``, ``save``,
 ``[[streams.prompts]]``, live options, ...) plus ``name``.  ``docs/deploy.md`` has the design.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -49,6 +50,7 @@ class DeployConfig:
     tracker_options: dict[str, Any]
     streams: dict[str, TrackSettings]
     metrics_port: int | None = None
+    workers: int = 1  # scheduler threads: streams whose frames are tracked at the same time
     out: Path | None = None  # where deploy-summary.json goes (the config file's folder by default)
 
 
@@ -72,6 +74,9 @@ def load_deploy(path: str | Path) -> DeployConfig:
     base = Path(path).resolve().parent
     tracker = dict(raw.get("tracker") or {})
     backend = str(tracker.pop("backend", "classic"))
+    workers = tracker.pop("workers", None)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigError(f"{path}: [tracker] workers must be a whole number >= 1, got {workers!r}")
     options = {k: tracker[k] for k in tracker}
     if "model" in options and isinstance(options["model"], str) and "://" not in options["model"]:
         options["model"] = str(base / options["model"])
@@ -102,7 +107,11 @@ def load_deploy(path: str | Path) -> DeployConfig:
         except ConfigError as exc:
             raise ConfigError(f"{path}: stream {name!r}: {exc}") from None
         streams[name].quiet = True
-    return DeployConfig(backend, options, streams, port, base)
+    if (
+        workers is None
+    ):  # a CPU tracker's sessions share nothing: one worker per core; a device gets one thread
+        workers = min(len(streams), os.cpu_count() or 1) if backend == "classic" else 1
+    return DeployConfig(backend, options, streams, metrics_port=port, out=base, workers=workers)
 
 
 def load_config_tables(path: str | Path) -> dict[str, Any]:
@@ -126,7 +135,7 @@ class Deployment:
         self.config = config
         self.owned = tracker is None
         self.tracker = tracker
-        self.scheduler = RoundRobinScheduler("tracker")
+        self.scheduler = RoundRobinScheduler("tracker", workers=config.workers)
         self.streams = {name: StreamRun(name, s) for name, s in config.streams.items()}
         self._metrics_server: Any = None
         self.started_at = 0.0
