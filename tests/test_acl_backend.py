@@ -240,6 +240,70 @@ def test_per_frame_transfers_and_resident_bank(acl: types.ModuleType, om_dir: Pa
     fake.assert_no_leaks()
 
 
+def test_streams_sharing_one_tracker_keep_their_own_banks_on_the_device(
+    acl: types.ModuleType, om_dir: Path
+) -> None:
+    """``vostream run``'s sharing (docs/deploy.md): 3 streams, one loaded model, one scheduler thread.  Each
+    stream's object has its own bank resident in device memory, and no bank byte crosses per frame."""
+    from vostream.pipeline.scheduler import RoundRobinScheduler
+    from vostream.stages.trackers.shared import SharedTracker
+
+    m = load_manifest(om_dir)
+    n_streams, n_frames = 3, 8
+    image = _nbytes(m, "image_encoder", "image")
+    meta = sum(_nbytes(m, g, n) for g, n in _host_fed_inputs(m))
+    d2h_exact = sum(_nbytes(m, "decoder", n) for n in ("low_res_masks", "iou", "object_score"))
+    bank = m.key_slots * m.tokens_per_slot * m.mem_dim * 4
+    frames, tensors, size = _video(n_frames)
+    c0 = ref.shape_center(0, size, "disk")
+    tracker = AclTracker(om_dir)
+    loaded_bytes = fake.stats().device_bytes_in_use  # graphs and the runtime's own buffers
+    with RoundRobinScheduler() as sched:
+        shared = [SharedTracker(tracker, sched, f"s{k}") for k in range(n_streams)]
+        sessions = [s.new_session() for s in shared]
+        try:
+            for i in range(2):  # warm-up: the prompted frame and the first tracking frame of every stream
+                for s in sessions:
+                    if i == 0:
+                        s.add_prompt(_prompt(ref.PromptSpec(1, points=[c0], labels=[1]), 0))
+                    _step(s, i, frames[i], tensors[i])
+            resident = fake.stats().device_bytes_in_use - loaded_bytes
+            assert resident >= n_streams * bank, "every stream's bank is allocated on the device"
+            before = fake.stats()
+            errors: list[BaseException] = []
+
+            def stream(s: Any) -> None:
+                try:
+                    for i in range(2, n_frames):
+                        assert len(_step(s, i, frames[i], tensors[i]).obj_ids) == 1
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=stream, args=(s,)) for s in sessions]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(60)
+            assert not errors, errors
+            after = fake.stats()
+            steps = n_streams * (n_frames - 2)
+            h2d, d2h = after.h2d_bytes - before.h2d_bytes, after.d2h_bytes - before.d2h_bytes
+            assert steps * image <= h2d <= steps * (image + meta), (
+                "per frame only the image and metadata go up"
+            )
+            assert d2h == steps * d2h_exact and after.d2d_bytes == before.d2d_bytes == 0
+            assert after.mallocs == before.mallocs  # banks stay where they are: nothing allocated per frame
+            assert fake.stats().device_bytes_in_use - loaded_bytes == resident
+            assert {k: v["runs"] for k, v in sched.stats().items()} == {
+                f"s{k}": 1 + 1 + 2 + (n_frames - 2) for k in range(n_streams)
+            }  # new_session, add_prompt, 2 warm-up steps, the rest: all on the scheduler's thread
+        finally:
+            for s in sessions:
+                s.close()
+    tracker.close()
+    fake.assert_no_leaks()
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # 3. lifecycle: threads, contexts, teardown
 # ------------------------------------------------------------------------------------------------------------------

@@ -329,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     from vostream.pipeline.apps.doctor import add_doctor_parser
 
     add_doctor_parser(sub, _add_common)
+
+    from vostream.pipeline.apps.deploy import add_run_parser
+
+    add_run_parser(sub, _add_common)
     return parser
 
 
@@ -457,6 +461,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(args)
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from vostream.pipeline.apps.deploy import cmd_run as run_deployment
+
+    return run_deployment(args)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from vostream.pipeline.apps.serve.server import cmd_serve as run_serve
 
@@ -482,6 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "annotate": cmd_annotate,
             "serve": cmd_serve,
             "doctor": cmd_doctor,
+            "run": cmd_run,
         }[args.command](args)
     except VostreamError as exc:
         if args.debug:

@@ -1,0 +1,353 @@
+"""``vostream run --config deploy.toml``: several streams in one process sharing one loaded tracker.
+
+The file has one ``[tracker]`` table (``backend``, ``model``, ``provider``, ``threads``, ``device_id``,
+``workers`` and the backend's own options), an optional ``[metrics]`` table (``port``: Prometheus text on 127.0.0.1) and one
+``[[streams]]`` table per stream with the keys of a ``vostream track`` config (``source``, ``out``, ``save``,
+``[[streams.prompts]]``, live options, ...) plus ``name``.  ``docs/deploy.md`` has the design.
+
+Each stream is an ordinary track pipeline (``assemble.py``) whose tracker is a
+:class:`~vostream.stages.trackers.shared.SharedTracker`: the model is loaded once, every stream has its own
+session (its own memory banks), and one :class:`~vostream.pipeline.scheduler.RoundRobinScheduler` thread runs the
+streams' frames in turn.  Streams are isolated: one that fails to start, fails or stalls is reported in its own
+``summary.json`` and ``deploy-summary.json`` while the others go on.  SIGINT/SIGTERM stop every stream (outputs
+finalised), a second signal cancels them, a third leaves at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vostream.pipeline.apps.config import TRACKER_KEYS, TrackSettings, merge_settings, tomllib
+from vostream.pipeline.apps.live_prompts import PromptTimer
+from vostream.pipeline.apps.track import STOP_SIGNALS, build_track_pipeline, write_summary
+from vostream.pipeline.engine import Pipeline, RunReport
+from vostream.pipeline.errors import ConfigError, Interrupted, VostreamError, describe
+from vostream.pipeline.scheduler import RoundRobinScheduler
+from vostream.sinks.atomic import atomic_write_text
+from vostream.stages.trackers import Tracker, load_tracker
+from vostream.stages.trackers.shared import SharedTracker
+
+logger = logging.getLogger(__name__)
+
+#: keys of the shared ``[tracker]`` table that are settings of the run (the rest go to the backend)
+_TRACKER_SETTINGS = ("backend", *TRACKER_KEYS)
+
+
+@dataclass
+class DeployConfig:
+    """A parsed deployment: the shared tracker's backend and options, and one :class:`TrackSettings` per stream."""
+
+    backend: str
+    tracker_options: dict[str, Any]
+    streams: dict[str, TrackSettings]
+    metrics_port: int | None = None
+    workers: int = 1  # scheduler threads: streams whose frames are tracked at the same time
+    out: Path | None = None  # where deploy-summary.json goes (the config file's folder by default)
+
+
+@dataclass
+class StreamRun:
+    """One stream's state in a running deployment."""
+
+    name: str
+    settings: TrackSettings
+    pipeline: Pipeline | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+    timer: PromptTimer | None = None
+    report: RunReport | None = None
+    error: str | None = None
+    exit_code: int = 0
+
+
+def load_deploy(path: str | Path) -> DeployConfig:
+    """Read and check a deployment file.  Raises :class:`ConfigError` naming the stream and key at fault."""
+    raw = load_config_tables(path)
+    base = Path(path).resolve().parent
+    tracker = dict(raw.get("tracker") or {})
+    backend = str(tracker.pop("backend", "classic"))
+    workers = tracker.pop("workers", None)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigError(f"{path}: [tracker] workers must be a whole number >= 1, got {workers!r}")
+    options = {k: tracker[k] for k in tracker}
+    if "model" in options and isinstance(options["model"], str) and "://" not in options["model"]:
+        options["model"] = str(base / options["model"])
+    metrics = raw.get("metrics") or {}
+    port = metrics.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536):
+        raise ConfigError(f"{path}: [metrics] port must be 0..65535, got {port!r}")
+    tables = raw.get("streams")
+    if not isinstance(tables, list) or not tables:
+        raise ConfigError(f"{path}: no streams: add one [[streams]] table per source")
+    streams: dict[str, TrackSettings] = {}
+    for i, table in enumerate(tables):
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: streams[{i}] must be a table")
+        table = dict(table)
+        name = str(table.pop("name", f"stream{i + 1}"))
+        if name in streams:
+            raise ConfigError(f"{path}: two streams are named {name!r}; names must be unique")
+        shared = sorted(set(table) & {*_TRACKER_SETTINGS, "tracker"})
+        if shared:
+            raise ConfigError(
+                f"{path}: stream {name!r} sets {', '.join(shared)}: the tracker is shared by every stream; "
+                "set it once in the [tracker] table"
+            )
+        table["__base__"] = base
+        try:
+            streams[name] = merge_settings(table, {})
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: stream {name!r}: {exc}") from None
+        streams[name].quiet = True
+    if (
+        workers is None
+    ):  # a CPU tracker's sessions share nothing: one worker per core; a device gets one thread
+        workers = min(len(streams), os.cpu_count() or 1) if backend == "classic" else 1
+    return DeployConfig(backend, options, streams, metrics_port=port, out=base, workers=workers)
+
+
+def load_config_tables(path: str | Path) -> dict[str, Any]:
+    """The TOML file as tables (no per-key check: :func:`load_deploy` checks each stream with the track rules)."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"deployment file {str(p)!r}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"deployment file {str(p)!r}: invalid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"deployment file {str(p)!r}: cannot be read ({exc.strerror})") from exc
+
+
+class Deployment:
+    """A running deployment: :meth:`start`, then :meth:`wait`; :meth:`stop` from any thread."""
+
+    def __init__(self, config: DeployConfig, tracker: Tracker | None = None) -> None:
+        self.config = config
+        self.owned = tracker is None
+        self.tracker = tracker
+        self.scheduler = RoundRobinScheduler("tracker", workers=config.workers)
+        self.streams = {name: StreamRun(name, s) for name, s in config.streams.items()}
+        self._metrics_server: Any = None
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        """Load the tracker once and start every stream that can start (the others are recorded as failed)."""
+        if self.tracker is None:
+            self.tracker = load_tracker(self.config.backend, **self.config.tracker_options)
+        self.scheduler.start()
+        self.started_at = time.monotonic()
+        for run in self.streams.values():
+            try:
+                shared = SharedTracker(self.tracker, self.scheduler, run.name)
+                pipe, facts = build_track_pipeline(run.settings, tracker=shared)
+                run.pipeline, run.facts = pipe, facts
+                timed = facts.pop("timed_prompts", None)
+                pipe.start()
+                if timed:
+                    run.timer = PromptTimer(pipe.send_control, pipe.source, timed)  # type: ignore[arg-type]
+                    run.timer.start()
+            except VostreamError as exc:
+                run.error, run.exit_code = describe(exc), exc.exit_code
+                logger.error("stream %s did not start: %s", run.name, run.error)
+        if self.config.metrics_port is not None:
+            self._serve_metrics(self.config.metrics_port)
+
+    def stop(self, drain: bool = True) -> None:
+        """Stop every stream (``drain``: finish what is queued; else cancel).  Safe from a signal handler."""
+        for run in self.streams.values():
+            if run.pipeline is not None:
+                if drain:
+                    run.pipeline.stop(drain=True)
+                else:
+                    run.pipeline.cancel()
+
+    def wait(self) -> dict[str, Any]:
+        """Wait for every stream, write each one's ``summary.json`` and ``deploy-summary.json``; release the
+        tracker.  Returns the deployment summary."""
+        try:
+            for run in self.streams.values():
+                if run.pipeline is None:
+                    continue
+                try:
+                    while True:
+                        try:
+                            run.report = run.pipeline.wait(timeout=0.25)
+                            break
+                        except TimeoutError:
+                            continue
+                except VostreamError as exc:
+                    run.error, run.exit_code = describe(exc), exc.exit_code
+                    run.report = run.pipeline.report
+                    logger.error("stream %s failed: %s", run.name, run.error)
+                finally:
+                    if run.timer is not None:
+                        run.timer.close()
+                if run.facts.get("out") and run.report is not None:
+                    write_summary(Path(run.facts["out"]) / "summary.json", run.facts, run.report, run.error)
+        finally:
+            self.scheduler.close()
+            if self._metrics_server is not None:
+                self._metrics_server.shutdown()
+            if self.owned and self.tracker is not None:
+                self.tracker.close()
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        sched = self.scheduler.stats()
+        streams = {}
+        for name, run in self.streams.items():
+            streams[name] = {
+                "source": run.settings.source,
+                "out": run.settings.out,
+                "frames": run.report.frames if run.report is not None else 0,
+                "fps": round(run.report.fps, 2) if run.report is not None else 0.0,
+                "reason": run.report.reason if run.report is not None else "not started",
+                "error": run.error,
+                "exit_code": run.exit_code,
+                "scheduler": sched.get(name, {}),
+            }
+        return {
+            "backend": self.config.backend,
+            "tracker_loads": 1,
+            "wall_s": round(time.monotonic() - self.started_at, 3),
+            "streams": streams,
+            "failed": sorted(n for n, r in self.streams.items() if r.error),
+        }
+
+    # -- metrics -------------------------------------------------------------------------------------------------
+    def metrics_text(self) -> str:
+        """Prometheus text: every stream's pipeline metrics with a ``stream`` label, plus the scheduler's."""
+        lines: list[str] = []
+        seen: set[str] = set()
+        for name, run in self.streams.items():
+            if run.pipeline is None:
+                continue
+            for metric, labels, value in run.pipeline.metrics().samples():
+                if metric not in seen:
+                    seen.add(metric)
+                    kind = "counter" if metric.endswith("_total") else "gauge"
+                    lines.append(f"# TYPE {metric} {kind}")
+                items = {**labels, "stream": name}
+                text = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(items.items()))
+                lines.append(f"{metric}{{{text}}} {float(value)}")
+        lines.append("# TYPE vostream_scheduler_share gauge")
+        for name, st in self.scheduler.stats().items():
+            lines.append(f'vostream_scheduler_share{{stream="{_escape(name)}"}} {st["share"]}')
+            lines.append(
+                f'vostream_scheduler_wait_ms{{stream="{_escape(name)}",quantile="0.5"}} {st["wait_ms_p50"]}'
+            )
+            lines.append(
+                f'vostream_scheduler_wait_ms{{stream="{_escape(name)}",quantile="0.95"}} {st["wait_ms_p95"]}'
+            )
+        return "\n".join(lines) + "\n"
+
+    def _serve_metrics(self, port: int) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        deployment = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                body = deployment.metrics_text().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.metrics_port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, name="vostream-metrics", daemon=True).start()
+        self._metrics_server = server
+        logger.info("metrics on http://127.0.0.1:%d/metrics", self.metrics_port)
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def run_deploy(config: DeployConfig, quiet: bool = False) -> dict[str, Any]:
+    """Run a deployment to its end (files end, live feeds run until a signal).  Returns the summary; it is also
+    written to ``deploy-summary.json`` beside the deployment file."""
+    deployment = Deployment(config)
+    count = 0
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal count
+        count += 1
+        if count == 1:
+            deployment.stop(drain=True)
+        elif count == 2:
+            deployment.stop(drain=False)
+        else:
+            raise Interrupted("deployment interrupted three times; leaving without waiting for its streams")
+
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        for s in STOP_SIGNALS:
+            signal.signal(s, handler)
+    try:
+        deployment.start()
+        summary = deployment.wait()
+    finally:
+        if main:
+            for s, h in previous.items():
+                signal.signal(s, h if h is not None else signal.SIG_DFL)
+    summary["signalled"] = count > 0
+    if config.out is not None:
+        atomic_write_text(config.out / "deploy-summary.json", json.dumps(summary, indent=1))
+    if not quiet:
+        for name, st in summary["streams"].items():
+            status = f"error: {st['error']}" if st["error"] else st["reason"]
+            print(f"{name}: {st['frames']} frames, {st['fps']} fps, {status}", file=sys.stderr)
+    return summary
+
+
+def add_run_parser(sub: Any, add_common: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run several streams in one process sharing one tracker (a deployment file)",
+        description="Run the [[streams]] of a deployment file (docs/deploy.md) with one shared tracker.",
+    )
+    p.add_argument("--config", required=True, metavar="DEPLOY.toml", help="the deployment file")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    add_common(p)
+
+
+def cmd_run(args: Any) -> int:
+    config = load_deploy(args.config)
+    if args.metrics_port is not None:
+        config.metrics_port = args.metrics_port
+    summary = run_deploy(config, quiet=bool(args.quiet))
+    codes = [st["exit_code"] for st in summary["streams"].values() if st["exit_code"]]
+    if codes:  # the first failed stream's code (2 config, 3 input, 4 output, 5 backend, 6 stage)
+        return int(codes[0])
+    return 130 if summary["signalled"] else 0
+
+
+__all__ = [
+    "DeployConfig",
+    "Deployment",
+    "StreamRun",
+    "add_run_parser",
+    "cmd_run",
+    "load_deploy",
+    "run_deploy",
+]
