@@ -44,6 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from davis_data import DEFAULT_CACHE, DEV_SPLIT, check_names
+
 from vostream.pipeline.types import Frame, Prompt
 from vostream.stages.preprocess import Preprocessor
 
@@ -57,13 +58,18 @@ def load_baseline(rev: str, tmp: Path) -> Any:
     """The ``ClassicTracker`` class of ``stages/trackers/classic`` at git revision ``rev``, imported from ``tmp``."""
     pkg = tmp / "classic_baseline"
     pkg.mkdir(parents=True, exist_ok=True)
-    names = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", rev, "stages/trackers/classic/"],
-                           capture_output=True, text=True, check=True).stdout.split()
+    names = subprocess.run(
+        ["git", "-C", str(REPO), "ls-tree", "--name-only", rev, "stages/trackers/classic/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     for name in names:
         if not name.endswith(".py"):
             continue
-        src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{name}"], capture_output=True, text=True,
-                             check=True).stdout
+        src = subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{rev}:{name}"], capture_output=True, text=True, check=True
+        ).stdout
         src = re.sub(r"from \.\.(\w+) import", r"from vostream.stages.trackers.\1 import", src)
         (pkg / Path(name).name).write_text(src)
     sys.path.insert(0, str(tmp))
@@ -95,8 +101,9 @@ def prompt_for(mode: str, gt0: np.ndarray) -> Prompt:
     return Prompt(1, 0, mask=gt0)
 
 
-def run_sequence(tracker: Any, frames: list[Path], gts: list[np.ndarray], mode: str,
-                 dump: Path | None = None) -> dict[str, Any]:
+def run_sequence(
+    tracker: Any, frames: list[Path], gts: list[np.ndarray], mode: str, dump: Path | None = None
+) -> dict[str, Any]:
     """Track one sequence; per-sequence metrics and timings."""
     cv2.setRNGSeed(0)  # RANSAC inside the trackers draws from OpenCV's RNG: same seed, repeatable figures
     session = tracker.new_session()
@@ -133,34 +140,50 @@ def run_sequence(tracker: Any, frames: list[Path], gts: list[np.ndarray], mode: 
             vis[pred] = (0.5 * vis[pred] + [120, 0, 120]).astype(np.uint8)
             dump.mkdir(parents=True, exist_ok=True)
             cv2.imwrite(str(dump / f"{i:05d}.jpg"), cv2.cvtColor(vis, cv2.COLOR_RGB2BGR))
-    return {"J": float(np.mean(ious)), "wrong": float(np.mean(wrong)), "pres": float(np.mean(pres_ok)),
-            "frames": len(times), "time_s": float(sum(times)), "init_s": init_s,
-            "step_ms_median": 1000 * statistics.median(times)}
+    return {
+        "J": float(np.mean(ious)),
+        "wrong": float(np.mean(wrong)),
+        "pres": float(np.mean(pres_ok)),
+        "frames": len(times),
+        "time_s": float(sum(times)),
+        "init_s": init_s,
+        "step_ms_median": 1000 * statistics.median(times),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=DEFAULT_CACHE, help=f"extracted dev split (default {DEFAULT_CACHE})")
+    ap.add_argument(
+        "--data", type=Path, default=DEFAULT_CACHE, help=f"extracted dev split (default {DEFAULT_CACHE})"
+    )
     ap.add_argument("--seqs", help="comma-separated subset of the dev split")
     ap.add_argument("--limit", type=int, help="only the first N sequences (alphabetical)")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--trackers", default="old,new", help="old (the --baseline revision) and/or new (this checkout)")
+    ap.add_argument(
+        "--trackers", default="old,new", help="old (the --baseline revision) and/or new (this checkout)"
+    )
     ap.add_argument("--baseline", default=BASELINE, help="git revision of the 'old' tracker")
     ap.add_argument("--work-size", default="480x270")
     ap.add_argument("--flow-preset", default=None, help="DIS preset of the new tracker (default: its own)")
-    ap.add_argument("--param", action="append", default=[],
-                    help="NAME=VALUE: override a ClassicParams field of the new tracker (for tuning)")
+    ap.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        help="NAME=VALUE: override a ClassicParams field of the new tracker (for tuning)",
+    )
     ap.add_argument("--dump", type=Path, help="write overlay JPEGs (every 10th frame) here, for eyeballing")
     ap.add_argument("--json", type=Path, help="write all results here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     seqs = check_names(args.seqs.split(",")) if args.seqs else sorted(DEV_SPLIT)
     if args.limit:
-        seqs = seqs[:args.limit]
+        seqs = seqs[: args.limit]
     missing = [s for s in seqs if not (args.data / ".done" / s).exists()]
     if missing:
-        print(f"bench_davis: {len(missing)} sequences missing under {args.data} (run benchmarks/davis_data.py)",
-              file=sys.stderr)
+        print(
+            f"bench_davis: {len(missing)} sequences missing under {args.data} (run benchmarks/davis_data.py)",
+            file=sys.stderr,
+        )
         return 2
     modes = [m for m in args.modes.split(",") if m]
     if set(modes) - set(MODES):
@@ -175,9 +198,11 @@ def main(argv: list[str] | None = None) -> int:
             import dataclasses
 
             from vostream.stages.trackers.classic import ClassicParams, ClassicTracker
+
             kv = dict(item.split("=", 1) for item in args.param)
-            params = dataclasses.replace(ClassicParams(), **{k: type(getattr(ClassicParams(), k))(v)
-                                                             for k, v in kv.items()})
+            params = dataclasses.replace(
+                ClassicParams(), **{k: type(getattr(ClassicParams(), k))(v) for k, v in kv.items()}
+            )
             extra = {"flow_preset": args.flow_preset} if args.flow_preset else {}
             trackers["new"] = ClassicTracker(work_size=ws, params=params, **extra)
         else:
@@ -200,17 +225,32 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         for tname in trackers:
             rs = list(results[tname][mode].values())
-            s = {"J": float(np.mean([r["J"] for r in rs])), "wrong": float(np.mean([r["wrong"] for r in rs])),
-                 "pres": float(np.mean([r["pres"] for r in rs])),
-                 "fps": sum(r["frames"] for r in rs) / sum(r["time_s"] for r in rs),
-                 "init_s": float(np.mean([r["init_s"] for r in rs]))}
+            s = {
+                "J": float(np.mean([r["J"] for r in rs])),
+                "wrong": float(np.mean([r["wrong"] for r in rs])),
+                "pres": float(np.mean([r["pres"] for r in rs])),
+                "fps": sum(r["frames"] for r in rs) / sum(r["time_s"] for r in rs),
+                "init_s": float(np.mean([r["init_s"] for r in rs])),
+            }
             summary.setdefault(mode, {})[tname] = s
-            print(f"{mode:<7}{tname:<9}{s['J']:>7.3f}{s['wrong']:>8.3f}{s['pres']:>7.3f}{s['fps']:>7.1f}"
-                  f"{s['init_s']:>8.2f}")
+            print(
+                f"{mode:<7}{tname:<9}{s['J']:>7.3f}{s['wrong']:>8.3f}{s['pres']:>7.3f}{s['fps']:>7.1f}"
+                f"{s['init_s']:>8.2f}"
+            )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"seqs": seqs, "work_size": args.work_size, "baseline": args.baseline,
-                                         "summary": summary, "per_sequence": results}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "seqs": seqs,
+                    "work_size": args.work_size,
+                    "baseline": args.baseline,
+                    "summary": summary,
+                    "per_sequence": results,
+                },
+                indent=1,
+            )
+        )
     tmp.cleanup()
     return 0
 

@@ -28,11 +28,46 @@ DEFAULT_CACHE = Path(os.environ.get("VOSTREAM_DAVIS", "~/.cache/vostream/davis20
 
 # The dev split: tune and report on these only.  Hard-coded on purpose.
 DEV_SPLIT: tuple[str, ...] = (
-    "bear", "bmx-bumps", "boat", "breakdance-flare", "bus", "car-roundabout", "car-turn", "cows", "dance-jump",
-    "dance-twirl", "dog-agility", "drift-chicane", "drift-straight", "drift-turn", "elephant", "flamingo", "hike",
-    "hockey", "horsejump-high", "horsejump-low", "kite-surf", "kite-walk", "lucia", "mallard-fly", "mallard-water",
-    "motocross-bumps", "motocross-jump", "motorbike", "paragliding-launch", "paragliding", "rhino", "rollerblade",
-    "scooter-black", "scooter-gray", "soccerball", "stroller", "surf", "swing", "tennis", "train",
+    "bear",
+    "bmx-bumps",
+    "boat",
+    "breakdance-flare",
+    "bus",
+    "car-roundabout",
+    "car-turn",
+    "cows",
+    "dance-jump",
+    "dance-twirl",
+    "dog-agility",
+    "drift-chicane",
+    "drift-straight",
+    "drift-turn",
+    "elephant",
+    "flamingo",
+    "hike",
+    "hockey",
+    "horsejump-high",
+    "horsejump-low",
+    "kite-surf",
+    "kite-walk",
+    "lucia",
+    "mallard-fly",
+    "mallard-water",
+    "motocross-bumps",
+    "motocross-jump",
+    "motorbike",
+    "paragliding-launch",
+    "paragliding",
+    "rhino",
+    "rollerblade",
+    "scooter-black",
+    "scooter-gray",
+    "soccerball",
+    "stroller",
+    "surf",
+    "swing",
+    "tennis",
+    "train",
 )
 assert len(DEV_SPLIT) == 40 and len(set(DEV_SPLIT)) == 40
 
@@ -56,8 +91,11 @@ def extract(git_dir: Path, cache: Path, names: list[str] | None = None, commit: 
     if not todo:
         return []
     paths = [f"DAVIS/{kind}/480p/{seq}" for seq in todo for kind in ("JPEGImages", "Annotations")]
-    proc = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "--format=tar", commit, "--", *paths],
-                          capture_output=True, check=False)
+    proc = subprocess.run(
+        ["git", "--git-dir", str(git_dir), "archive", "--format=tar", commit, "--", *paths],
+        capture_output=True,
+        check=False,
+    )
     if proc.returncode:
         raise RuntimeError(f"git archive failed: {proc.stderr.decode(errors='replace').strip()}")
     allowed = set(todo)
@@ -86,9 +124,13 @@ def extract(git_dir: Path, cache: Path, names: list[str] | None = None, commit: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Extract the DAVIS-2016 dev split (40 sequences) from a git mirror.")
+    ap = argparse.ArgumentParser(
+        description="Extract the DAVIS-2016 dev split (40 sequences) from a git mirror."
+    )
     ap.add_argument("--git-dir", required=True, type=Path, help="the KNN-project repository's git directory")
-    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"output folder (default {DEFAULT_CACHE})")
+    ap.add_argument(
+        "--cache", type=Path, default=DEFAULT_CACHE, help=f"output folder (default {DEFAULT_CACHE})"
+    )
     ap.add_argument("--commit", default=COMMIT)
     ap.add_argument("seqs", nargs="*", help="a subset of the dev split (default: all 40)")
     args = ap.parse_args(argv)
@@ -97,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as exc:
         print(f"davis_data: {exc}", file=sys.stderr)
         return 2
-    print(f"{len(done)} sequences extracted into {args.cache} "
-          f"({len(args.seqs or DEV_SPLIT) - len(done)} already there)")
+    print(
+        f"{len(done)} sequences extracted into {args.cache} "
+        f"({len(args.seqs or DEV_SPLIT) - len(done)} already there)"
+    )
     return 0
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
+
 from vostream.pipeline.types import TrackResult
 
 logger = logging.getLogger(__name__)
@@ -57,8 +58,12 @@ class OverlayStyle:
     font_scale: float = 0.5
 
 
-def draw_overlay(image: np.ndarray, result: TrackResult | None, style: OverlayStyle = OverlayStyle(),
-                 out: np.ndarray | None = None) -> np.ndarray:
+def draw_overlay(
+    image: np.ndarray,
+    result: TrackResult | None,
+    style: OverlayStyle = OverlayStyle(),
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """A copy of RGB ``image`` (into ``out`` when given) with every present object of ``result`` drawn.
 
     Needs full-size ``result.masks`` (after postprocess); results without masks are drawn as boxes only.
@@ -85,16 +90,28 @@ def draw_overlay(image: np.ndarray, result: TrackResult | None, style: OverlaySt
             mask = result.masks[row, y0:y1, x0:x1]
             region = out[y0:y1, x0:x1]
             if alpha > 0:
-                blended = region[mask].astype(np.float32) * (1 - alpha) + np.asarray(colour, np.float32) * alpha
+                blended = (
+                    region[mask].astype(np.float32) * (1 - alpha) + np.asarray(colour, np.float32) * alpha
+                )
                 region[mask] = blended.astype(np.uint8)
             if style.contours:
-                contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+                contours, _ = cv2.findContours(
+                    mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE
+                )
                 # a halo in a contrasting colour under the coloured outline, so the object's colour stays visible
                 # on objects of the same colour (object 1 is dark red: red on a red jacket would vanish)
-                cv2.drawContours(out, contours, -1, _halo(colour), style.contour_thickness + 4,
-                                 lineType=cv2.LINE_AA, offset=(x0, y0))
-                cv2.drawContours(out, contours, -1, colour, style.contour_thickness, lineType=cv2.LINE_AA,
-                                 offset=(x0, y0))
+                cv2.drawContours(
+                    out,
+                    contours,
+                    -1,
+                    _halo(colour),
+                    style.contour_thickness + 4,
+                    lineType=cv2.LINE_AA,
+                    offset=(x0, y0),
+                )
+                cv2.drawContours(
+                    out, contours, -1, colour, style.contour_thickness, lineType=cv2.LINE_AA, offset=(x0, y0)
+                )
         else:
             cv2.rectangle(out, (x0, y0), (x1 - 1, y1 - 1), colour, style.contour_thickness)
         if style.labels:

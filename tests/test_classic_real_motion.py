@@ -13,6 +13,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
+
 from vostream.pipeline.types import Frame, Prompt
 from vostream.stages.preprocess import Preprocessor
 from vostream.stages.trackers.classic import ClassicTracker
@@ -21,7 +22,9 @@ W, H = 320, 180
 PALETTE = np.array([[150, 110, 70], [90, 70, 50], [200, 170, 120], [60, 80, 40]], np.float32)
 
 
-def _texture(rng: np.random.Generator, h: int, w: int, cell: int, palette: np.ndarray = PALETTE) -> np.ndarray:
+def _texture(
+    rng: np.random.Generator, h: int, w: int, cell: int, palette: np.ndarray = PALETTE
+) -> np.ndarray:
     """A blotchy RGB texture: smooth random field mapped onto ``palette``, plus fine grain."""
     small = rng.random((h // cell + 2, w // cell + 2, len(palette))).astype(np.float32)
     field = cv2.resize(small, (w, h), interpolation=cv2.INTER_CUBIC)
@@ -31,8 +34,13 @@ def _texture(rng: np.random.Generator, h: int, w: int, cell: int, palette: np.nd
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def panning_scene(frames: int = 36, pan: float = 5.0, obj_speed: float = 0.6, seed: int = 3,
-                  shift: tuple[float, float, float] = (0, 0, 0)) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def panning_scene(
+    frames: int = 36,
+    pan: float = 5.0,
+    obj_speed: float = 0.6,
+    seed: int = 3,
+    shift: tuple[float, float, float] = (0, 0, 0),
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Frames and object masks: the camera pans right (background moves left by ``pan`` px/frame) while the
     object, an ellipse with its own texture, drifts slowly right in the image."""
     rng = np.random.default_rng(seed)
@@ -55,8 +63,9 @@ def panning_scene(frames: int = 36, pan: float = 5.0, obj_speed: float = 0.6, se
     return imgs, masks
 
 
-def track(tracker: ClassicTracker, imgs: list[np.ndarray], gts: list[np.ndarray],
-          prompt: Prompt) -> tuple[list[float], list[bool]]:
+def track(
+    tracker: ClassicTracker, imgs: list[np.ndarray], gts: list[np.ndarray], prompt: Prompt
+) -> tuple[list[float], list[bool]]:
     """Per-frame IoU (logits upsampled like postprocess does) and ``present`` flags."""
     pre = Preprocessor(tracker.input_spec(W, H))
     session = tracker.new_session()
@@ -97,8 +106,11 @@ def test_colour_alone_cannot_separate_object_and_background(scene) -> None:
 def test_object_is_held_while_the_background_pans(scene, kind: str) -> None:
     imgs, masks = scene
     ys, xs = np.nonzero(masks[0])
-    prompt = Prompt(1, 0, mask=masks[0]) if kind == "mask" else \
-        Prompt(1, 0, box=(float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)))
+    prompt = (
+        Prompt(1, 0, mask=masks[0])
+        if kind == "mask"
+        else Prompt(1, 0, box=(float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)))
+    )
     ious, present = track(ClassicTracker(), imgs, masks, prompt)
     assert all(present), "the object never leaves the frame"
     assert float(np.mean(ious[-10:])) >= 0.6, f"drifted off the object: last IoUs {np.round(ious[-10:], 2)}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
+
 from vostream.pipeline.errors import BackendError, ConfigError, PromptError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 from vostream.samples.scenes import Scene, iou, render_scene
@@ -39,8 +40,11 @@ class Runner:
         fr.tensor = self.pre(fr.image)
         res = self.session.step(fr)
         assert res.logits is not None and res.logits.dtype == np.float32
-        masks = np.stack([cv2.resize(lg, (W, H), interpolation=cv2.INTER_LINEAR) > 0 for lg in res.logits]) \
-            if len(res) else np.zeros((0, H, W), bool)
+        masks = (
+            np.stack([cv2.resize(lg, (W, H), interpolation=cv2.INTER_LINEAR) > 0 for lg in res.logits])
+            if len(res)
+            else np.zeros((0, H, W), bool)
+        )
         return res, masks
 
 

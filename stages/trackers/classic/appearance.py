@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 
 BITS = 4
 BINS = 1 << BITS
-CELLS = BINS ** 3
+CELLS = BINS**3
 LLR_CLIP = 4.0
 
 
@@ -69,7 +69,9 @@ class ColourModel:
         m._refresh()
         return m
 
-    def update(self, fg_idx: np.ndarray | None, bg_idx: np.ndarray | None, fg_rate: float, bg_rate: float) -> None:
+    def update(
+        self, fg_idx: np.ndarray | None, bg_idx: np.ndarray | None, fg_rate: float, bg_rate: float
+    ) -> None:
         """Blend new pixel histograms in with exponential forgetting (``rate`` = weight of the new data)."""
         if fg_idx is not None and fg_idx.size > 20 and fg_rate > 0:
             self.fg = (1 - fg_rate) * self.fg + fg_rate * histogram(fg_idx)
@@ -79,7 +81,9 @@ class ColourModel:
 
     def _refresh(self) -> None:
         eps = 0.1 / CELLS
-        self.table = np.clip(np.log((self.fg + eps) / (self.bg + eps)), -LLR_CLIP, LLR_CLIP).astype(np.float32)
+        self.table = np.clip(np.log((self.fg + eps) / (self.bg + eps)), -LLR_CLIP, LLR_CLIP).astype(
+            np.float32
+        )
 
     def llr(self, idx: np.ndarray) -> np.ndarray:
         """float32 log likelihood ratio per pixel for an index image."""

@@ -25,26 +25,37 @@ class FlowEstimator:
     def __init__(self, preset: str = "ultrafast") -> None:
         self._dis = cv2.DISOpticalFlow_create(PRESETS[preset])  # type: ignore[attr-defined]
 
-    def __call__(self, prev: np.ndarray, cur: np.ndarray, init: tuple[float, float] | None = None) -> np.ndarray:
+    def __call__(
+        self, prev: np.ndarray, cur: np.ndarray, init: tuple[float, float] | None = None
+    ) -> np.ndarray:
         """Flow ``prev -> cur``.  ``init`` (dx, dy), an expected displacement (frames were skipped), pre-shifts
         ``prev`` so DIS only has to find the residual motion; the result is mapped back to ``prev``'s pixels."""
         if init is None or not np.all(np.isfinite(init)) or np.hypot(*init) < 2.0:
             return self._dis.calc(prev, cur, None)
         dx, dy = float(init[0]), float(init[1])
         h, w = prev.shape[:2]
-        shifted = cv2.warpAffine(prev, np.array([[1, 0, dx], [0, 1, dy]], np.float32), (w, h),
-                                 borderMode=cv2.BORDER_REPLICATE)
+        shifted = cv2.warpAffine(
+            prev, np.array([[1, 0, dx], [0, 1, dy]], np.float32), (w, h), borderMode=cv2.BORDER_REPLICATE
+        )
         residual = self._dis.calc(shifted, cur, None)
         # residual is indexed by (p + init); bring it back to p and add the shift
-        flow = np.asarray(cv2.warpAffine(residual, np.array([[1, 0, -dx], [0, 1, -dy]], np.float32), (w, h),
-                                         borderMode=cv2.BORDER_REPLICATE), np.float32)
+        flow = np.asarray(
+            cv2.warpAffine(
+                residual,
+                np.array([[1, 0, -dx], [0, 1, -dy]], np.float32),
+                (w, h),
+                borderMode=cv2.BORDER_REPLICATE,
+            ),
+            np.float32,
+        )
         flow[..., 0] += dx
         flow[..., 1] += dy
         return flow
 
 
-def similarity_from_flow(flow: np.ndarray, mask: np.ndarray, max_samples: int = 400,
-                         rng: np.random.Generator | None = None) -> np.ndarray:
+def similarity_from_flow(
+    flow: np.ndarray, mask: np.ndarray, max_samples: int = 400, rng: np.random.Generator | None = None
+) -> np.ndarray:
     """2x3 similarity (rotation, uniform scale, translation) that best explains ``flow`` inside ``mask``.
 
     RANSAC (``cv2.estimateAffinePartial2D``) on up to ``max_samples`` pixels; falls back to the median
@@ -64,8 +75,9 @@ def similarity_from_flow(flow: np.ndarray, mask: np.ndarray, max_samples: int = 
     fallback = np.array([[1, 0, med[0]], [0, 1, med[1]]], np.float32)
     if len(src) < 12:
         return fallback
-    m, inliers = cv2.estimateAffinePartial2D(src, dst, method=cv2.RANSAC, ransacReprojThreshold=1.5,
-                                             maxIters=200, confidence=0.98, refineIters=5)
+    m, inliers = cv2.estimateAffinePartial2D(
+        src, dst, method=cv2.RANSAC, ransacReprojThreshold=1.5, maxIters=200, confidence=0.98, refineIters=5
+    )
     if m is None or inliers is None or inliers.sum() < 0.3 * len(src):
         return fallback
     scale = float(np.hypot(m[0, 0], m[1, 0]))

@@ -64,8 +64,9 @@ def _grabcut(img: np.ndarray, init: np.ndarray, roi: tuple[int, int, int, int], 
     sub = np.ascontiguousarray(init[y0:y1, x0:x1])
     bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
     try:
-        cv2.grabCut(np.ascontiguousarray(img[y0:y1, x0:x1]), sub, (0, 0, 0, 0), bgd, fgd, iters,
-                    cv2.GC_INIT_WITH_MASK)  # the rect is ignored in mask mode
+        cv2.grabCut(
+            np.ascontiguousarray(img[y0:y1, x0:x1]), sub, (0, 0, 0, 0), bgd, fgd, iters, cv2.GC_INIT_WITH_MASK
+        )  # the rect is ignored in mask mode
     except cv2.error as exc:  # degenerate ROI (e.g. no background sample): keep the initial labelling
         logger.debug("grabCut failed on roi %s: %s", roi, exc)
     out = np.zeros(init.shape, bool)
@@ -80,7 +81,8 @@ def _objectness(qidx: np.ndarray, mask: np.ndarray) -> float:
     m = mask.astype(np.uint8)
     size = max(4, int(np.sqrt(m.sum()) * 0.3))
     ring = cv2.dilate(m, np.ones((3, 3), np.uint8), iterations=size).astype(bool) & ~cv2.dilate(
-        m, np.ones((3, 3), np.uint8), iterations=2).astype(bool)
+        m, np.ones((3, 3), np.uint8), iterations=2
+    ).astype(bool)
     return bhattacharyya(histogram(qidx[mask]), histogram(qidx[ring]))
 
 
@@ -108,15 +110,17 @@ def _scale_search(img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np.nd
     best_score, best = max(scored, key=lambda sm: sm[0])
     # A texture patch inside the object can look as distinct as the whole object: when a region at least four
     # times larger scores nearly as well, the best-scoring such region wins instead.
-    larger = [(sc, m) for sc, m in scored
-              if sc >= best_score - 0.1 * abs(best_score) and m.sum() >= 4 * best.sum()]
+    larger = [
+        (sc, m) for sc, m in scored if sc >= best_score - 0.1 * abs(best_score) and m.sum() >= 4 * best.sum()
+    ]
     if larger:
         best = max(larger, key=lambda sm: sm[0])[1]
     return best
 
 
-def mask_from_points(img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np.ndarray,
-                     prior: np.ndarray | None = None) -> np.ndarray:
+def mask_from_points(
+    img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np.ndarray, prior: np.ndarray | None = None
+) -> np.ndarray:
     """Segment the object under the positive clicks ``pos`` ((K, 2) x, y at working resolution).
 
     ``neg`` points are definite background.  ``prior`` (optional bool mask) is a current estimate to refine, used
@@ -137,18 +141,23 @@ def mask_from_points(img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np
             cand = (llr > 0.5) | seed
             if len(neg):
                 cand &= ~_disc((h, w), neg, r0)
-            cand = cv2.morphologyEx(cand.astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8)).astype(bool)
+            cand = cv2.morphologyEx(cand.astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8)).astype(
+                bool
+            )
             cand |= seed
             rough = _fill_holes(_component_at(cand, seeds))
             if rough.sum() > 0.25 * h * w:  # leaked into the background: stop growing
                 rough = seed | (_disc((h, w), seeds, r0 * 4) & rough)
                 break
             ring = cv2.dilate(rough.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=max(6, r0 * 2))
-            far = ring.astype(bool) & ~cv2.dilate(rough.astype(np.uint8), np.ones((3, 3), np.uint8),
-                                                  iterations=2).astype(bool)
+            far = ring.astype(bool) & ~cv2.dilate(
+                rough.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=2
+            ).astype(bool)
     init = np.full((h, w), cv2.GC_PR_BGD, np.uint8)
     init[rough] = cv2.GC_PR_FGD
-    core = cv2.erode(rough.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=max(2, r0 // 2)).astype(bool)
+    core = cv2.erode(rough.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=max(2, r0 // 2)).astype(
+        bool
+    )
     init[core] = cv2.GC_FGD
     if len(seeds):
         init[_disc((h, w), seeds, max(2, r0 // 2))] = cv2.GC_FGD
@@ -157,12 +166,16 @@ def mask_from_points(img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np
     x0, y0, x1, y1 = _roi(rough, 0.6, 3 * r0)
     border = np.zeros((h, w), bool)
     border[y0:y1, x0:x1] = True
-    border[y0 + 1:y1 - 1, x0 + 1:x1 - 1] = False
+    border[y0 + 1 : y1 - 1, x0 + 1 : x1 - 1] = False
     init[border & (init != cv2.GC_FGD)] = cv2.GC_BGD
     out = _grabcut(img, init, (x0, y0, x1, y1))
     if prior is None and len(seeds):
         alt = _scale_search(img, qidx, seeds, neg)
-        if alt is not None and alt.any() and (not out.any() or _objectness(qidx, alt) > _objectness(qidx, out)):
+        if (
+            alt is not None
+            and alt.any()
+            and (not out.any() or _objectness(qidx, alt) > _objectness(qidx, out))
+        ):
             out = alt
             rough = alt
     if len(seeds):
@@ -170,8 +183,11 @@ def mask_from_points(img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np
     out = _fill_holes(out) if out.any() else out
     area, rough_area = out.sum(), max(1, rough.sum())
     if not (0.3 * rough_area <= area <= 3 * rough_area):
-        logger.debug("grabCut disagreed with the colour region (%d vs %d px); keeping the colour region",
-                     area, rough_area)
+        logger.debug(
+            "grabCut disagreed with the colour region (%d vs %d px); keeping the colour region",
+            area,
+            rough_area,
+        )
         out = rough
     if not out.any():
         logger.warning("segmentation of the clicked object came out empty; using a disc around the click")
@@ -179,15 +195,21 @@ def mask_from_points(img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np
     return out
 
 
-def mask_from_box(img: np.ndarray, box: tuple[float, float, float, float], pos: np.ndarray,
-                  neg: np.ndarray, fallback: bool = True, iters: int = 4) -> np.ndarray:
+def mask_from_box(
+    img: np.ndarray,
+    box: tuple[float, float, float, float],
+    pos: np.ndarray,
+    neg: np.ndarray,
+    fallback: bool = True,
+    iters: int = 4,
+) -> np.ndarray:
     """grabCut inside ``box`` (x0, y0, x1, y1 at working resolution); clicks are hard constraints."""
     h, w = img.shape[:2]
     bx0, by0 = max(0, int(np.floor(box[0]))), max(0, int(np.floor(box[1])))
     bx1, by1 = min(w, int(np.ceil(box[2]))), min(h, int(np.ceil(box[3])))
     if bx1 - bx0 < 2 or by1 - by0 < 2:
         out = np.zeros((h, w), bool)
-        out[by0:max(by1, by0 + 1), bx0:max(bx1, bx0 + 1)] = True
+        out[by0 : max(by1, by0 + 1), bx0 : max(bx1, bx0 + 1)] = True
         return out
     init = np.full((h, w), cv2.GC_BGD, np.uint8)
     init[by0:by1, bx0:bx1] = cv2.GC_PR_FGD
@@ -207,7 +229,9 @@ def mask_from_box(img: np.ndarray, box: tuple[float, float, float, float], pos: 
     if fallback and out.sum() < 0.05 * (bx1 - bx0) * (by1 - by0):
         logger.warning("grabCut found almost nothing in box %s; using the box's inscribed ellipse", box)
         out = np.zeros((h, w), np.uint8)
-        cv2.ellipse(out, (((bx0 + bx1) / 2, (by0 + by1) / 2), ((bx1 - bx0) * 0.9, (by1 - by0) * 0.9), 0.0), 1, -1)
+        cv2.ellipse(
+            out, (((bx0 + bx1) / 2, (by0 + by1) / 2), ((bx1 - bx0) * 0.9, (by1 - by0) * 0.9), 0.0), 1, -1
+        )
         out = out.astype(bool)
     return out
 
