@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from vostream.pipeline.apps.serve.media import list_sources, resolve_source
+from vostream.pipeline.apps.serve.media import URL_FAILED, list_sources, resolve_source
 from vostream.pipeline.apps.serve.protocol import (
     EXPORT_FORMATS,
     MAX_INFLIGHT,
@@ -99,6 +99,9 @@ class ServerConfig:
     max_rate: float = 100.0  # client messages per second (burst: 2 s worth)
     inflight: int = 2
     max_sessions: int = 8
+    #: a stream URL that is refused or cannot be opened is answered no sooner than this (seconds after the open),
+    #: so that the answer's timing does not tell an allow-list refusal from a refused connection
+    url_error_delay: float = 0.5
     max_clients: int = 32
     session: SessionOptions = field(default_factory=SessionOptions)
 
@@ -588,6 +591,18 @@ class ViewerServer:
         self._broadcast_state(session)
 
     async def _open(self, client: _Client, msg: Open) -> None:
+        if "://" not in msg.source:
+            await self._open_source(client, msg)
+            return
+        started = time.monotonic()
+        try:
+            await self._open_source(client, msg)
+        except ProtocolError as exc:
+            if exc.code == "source_error":  # refused or unreachable: both answer after the same floor
+                await asyncio.sleep(max(0.0, started + self.config.url_error_delay - time.monotonic()))
+            raise
+
+    async def _open_source(self, client: _Client, msg: Open) -> None:
         path, display = resolve_source(
             self.media_root, msg.source, self.config.allow_urls, self.config.allow_exact_urls
         )
@@ -615,6 +630,9 @@ class ViewerServer:
             await asyncio.to_thread(session.open)
         except VostreamError as exc:
             await asyncio.to_thread(session.close)
+            if "://" in msg.source:  # the same answer as for a refused URL: no probing through the server
+                logger.warning("cannot open stream %s: %s", display, exc)
+                raise ProtocolError("source_error", URL_FAILED.format(url=display), "open") from exc
             raise ProtocolError("source_error", f"cannot open {display!r}: {exc}", "open") from exc
         await self._detach(client, reason="owner opened another source")  # only once the new one works
         self.sessions[session.id] = session
@@ -902,8 +920,9 @@ def add_serve_parser(sub: Any, add_common: Any) -> None:
         "--allow-url",
         action="append",
         default=[],
-        metavar="PREFIX",
-        help="stream URLs starting with PREFIX may be opened (repeatable; none by default)",
+        metavar="URL",
+        help="stream URLs on URL's scheme, host and port (and under its path, if it has one) may be "
+        "opened (repeatable; none by default)",
     )
     p.add_argument("--out", metavar="DIR", help="also write each session's outputs under DIR/<session>/")
     p.add_argument("--max-objects", type=int, default=8, help="objects per session (default 8)")

@@ -1,0 +1,140 @@
+"""Fault tests of ``vostream serve`` (issue 12, "viewer"): the ``--allow-url`` matcher (no SSRF through string
+prefixes), watchers after their owner leaves, the session limit under simultaneous opens, the idle timeout,
+deterministic session teardown (threads, memory) and a bounded ``stop()``.  Real server, real WebSocket clients,
+loopback only."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import media
+import msgpack
+import pytest
+from websockets.sync.client import connect
+
+from vostream.pipeline.apps.serve.media import url_allowed
+from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
+
+
+def pack(msg: dict) -> bytes:
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def recv(ws, types: tuple[str, ...] | str | None = None, timeout: float = 10.0) -> dict:
+    """The next message whose ``t`` is in ``types`` (all when None)."""
+    if isinstance(types, str):
+        types = (types,)
+    deadline = time.monotonic() + timeout
+    while True:
+        m = msgpack.unpackb(ws.recv(timeout=max(0.01, deadline - time.monotonic())), raw=False)
+        if types is None or m["t"] in types:
+            return m
+
+
+def hello(ws, **kw) -> dict:
+    ws.send(pack({"t": "hello", "v": 1, **kw}))
+    return recv(ws, "hello")
+
+
+def client(port: int):
+    ws = connect(f"ws://127.0.0.1:{port}/ws", max_size=2**24, open_timeout=10)
+    hello(ws)
+    return ws
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("viewer-media")
+    media.copy_to(media.moving_square_clip(count=12, width=64, height=48), d, "clip.mp4")
+    media.copy_to(media.moving_square_clip(count=8, width=48, height=32), d, "other.mp4")
+    return d
+
+
+# -- 1. --allow-url is parsed, not a string prefix --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url, allow",
+    [
+        ("rtsp://127.0.0.1@127.0.0.2:8554/x", "rtsp://127.0.0.1"),  # userinfo, then the real host
+        ("rtsp://127.0.0.1:8554@127.0.0.2:8554/x", "rtsp://127.0.0.1:8554"),
+        ("rtsp://cam.local.attacker.net/live", "rtsp://cam.local"),  # host prefix
+        ("rtsp://cam.localhost/live", "rtsp://cam.local"),
+        ("rtsp://cam.local:8554/live", "rtsp://cam.local"),  # another port than the default 554
+        ("rtsp://cam.local:5540/live", "rtsp://cam.local:554"),  # port prefix
+        ("rtsps://cam.local/live", "rtsp://cam.local"),  # another scheme
+        ("http://cam.local/live", "rtsp://cam.local"),
+        ("rtsp://cam.local/lively", "rtsp://cam.local/live"),  # path prefix, not at a segment boundary
+        ("rtsp://cam.local/other", "rtsp://cam.local/live"),
+        ("rtsp://cam.local/live/../admin", "rtsp://cam.local/live"),
+        ("rtsp://cam.local/live/%2e%2e/admin", "rtsp://cam.local/live"),
+        ("rtsp://a@b@cam.local/live", "rtsp://cam.local"),  # ambiguous authority
+        ("rtsp://evil\\@cam.local/live", "rtsp://cam.local"),
+        ("rtsp://cam.local /live", "rtsp://cam.local"),
+        ("rtsp://cam.local:99999/live", "rtsp://cam.local"),
+        ("rtsp://[::2]:554/x", "rtsp://[::1]"),
+        ("file:///etc/passwd", "file:///"),  # never a file through the URL door
+        ("rtsp:///live", "rtsp://cam.local"),
+    ],
+)
+def test_allow_url_refuses(url: str, allow: str) -> None:
+    ok, why = url_allowed(url, (allow,))
+    assert not ok and why, (url, allow)
+
+
+@pytest.mark.parametrize(
+    "url, allow",
+    [
+        ("rtsp://127.0.0.1/x", "rtsp://127.0.0.1"),
+        ("rtsp://127.0.0.1:554/x", "rtsp://127.0.0.1"),  # the scheme's default port, explicit
+        ("rtsp://user:pw@CAM.local/live?tcp", "rtsp://cam.local"),  # userinfo and case, query not compared
+        ("rtsp://cam.local/live", "rtsp://cam.local/live"),
+        ("rtsp://cam.local/live/sub", "rtsp://cam.local/live/"),
+        ("rtsp://cam.local:8554/live", "rtsp://cam.local:8554/"),
+        ("rtsp://[::1]:554/x", "rtsp://[0:0::1]"),
+        ("http://cam.local/mjpeg", "http://cam.local:80"),
+    ],
+)
+def test_allow_url_allows(url: str, allow: str) -> None:
+    assert url_allowed(url, (allow,)) == (True, "")
+
+
+def test_allow_url_exact_is_string_equality() -> None:
+    url = "rtsp://127.0.0.1:8554/cam"
+    assert url_allowed(url, exact=(url,))[0]
+    assert not url_allowed(url + "2", exact=(url,))[0]
+    assert not url_allowed("rtsp://127.0.0.1:8554@127.0.0.2:8554/cam", exact=(url,))[0]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_refused_and_unreachable_urls_look_the_same(root: Path) -> None:
+    """Over the WebSocket: the probe's bypass is refused, and a refused URL and an allowed URL that cannot be
+    reached get the same code and the same message shape (no connect detail), after the same minimum delay."""
+    port = _closed_port()
+    cfg = ServerConfig(
+        port=0, media_root=str(root), allow_urls=(f"rtsp://127.0.0.1:{port}",), url_error_delay=0.3
+    )
+    with ServerThread(cfg) as st, client(st.port) as ws:
+        answers = {}
+        for name, url in (
+            ("bypass", f"rtsp://127.0.0.1:{port}@127.0.0.2:{port}/x"),
+            ("refused", f"rtsp://127.0.0.1:{port + 1}/x"),
+            ("unreachable", f"rtsp://127.0.0.1:{port}/x"),
+        ):
+            t0 = time.monotonic()
+            ws.send(pack({"t": "open", "source": url}))
+            m = recv(ws, ("error", "opened"), timeout=30)
+            answers[name] = (m, time.monotonic() - t0)
+        for name, (m, took) in answers.items():
+            assert m["t"] == "error" and m["code"] == "source_error", (name, m)
+            assert "not allowed by this server or cannot be reached" in m["message"], (name, m)
+            assert "refused" not in m["message"].lower() and "connect" not in m["message"], (name, m)
+            assert took >= 0.29, (name, took)
+        assert st.call(lambda: len(st.server.sessions)) == 0
