@@ -14,7 +14,7 @@ import msgpack
 import pytest
 from websockets.sync.client import connect
 
-from vostream.pipeline.apps.serve.media import url_allowed
+from vostream.pipeline.apps.serve import media as serve_media
 from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
 
 
@@ -80,7 +80,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ],
 )
 def test_allow_url_refuses(url: str, allow: str) -> None:
-    ok, why = url_allowed(url, (allow,))
+    ok, why = serve_media.url_allowed(url, (allow,))
     assert not ok and why, (url, allow)
 
 
@@ -98,14 +98,14 @@ def test_allow_url_refuses(url: str, allow: str) -> None:
     ],
 )
 def test_allow_url_allows(url: str, allow: str) -> None:
-    assert url_allowed(url, (allow,)) == (True, "")
+    assert serve_media.url_allowed(url, (allow,)) == (True, "")
 
 
 def test_allow_url_exact_is_string_equality() -> None:
     url = "rtsp://127.0.0.1:8554/cam"
-    assert url_allowed(url, exact=(url,))[0]
-    assert not url_allowed(url + "2", exact=(url,))[0]
-    assert not url_allowed("rtsp://127.0.0.1:8554@127.0.0.2:8554/cam", exact=(url,))[0]
+    assert serve_media.url_allowed(url, exact=(url,))[0]
+    assert not serve_media.url_allowed(url + "2", exact=(url,))[0]
+    assert not serve_media.url_allowed("rtsp://127.0.0.1:8554@127.0.0.2:8554/cam", exact=(url,))[0]
 
 
 def _closed_port() -> int:
@@ -138,3 +138,24 @@ def test_refused_and_unreachable_urls_look_the_same(root: Path) -> None:
             assert "refused" not in m["message"].lower() and "connect" not in m["message"], (name, m)
             assert took >= 0.29, (name, took)
         assert st.call(lambda: len(st.server.sessions)) == 0
+
+
+# -- 2. a watcher whose owner left can open a source and sees its frames ---------------------------------------
+
+
+def test_watcher_sees_frames_after_its_owner_left(root: Path) -> None:
+    with ServerThread(ServerConfig(port=0, media_root=str(root))) as st:
+        owner = client(st.port)
+        owner.send(pack({"t": "open", "source": "clip.mp4"}))
+        session = recv(owner, "opened")["session"]
+        with client(st.port) as watcher:
+            watcher.send(pack({"t": "watch", "session": session}))
+            assert recv(watcher, "opened")["watcher"] is True
+            assert recv(watcher, "frame")["session"] == session
+            owner.close()  # the owner leaves: its session ends
+            assert recv(watcher, "closed")["reason"] == "owner left"
+            watcher.send(pack({"t": "open", "source": "other.mp4"}))
+            info = recv(watcher, ("opened", "error"))
+            assert info["t"] == "opened" and not info["watcher"], info
+            frame = recv(watcher, "frame", timeout=10)
+            assert frame["session"] == info["session"] and (frame["w"], frame["h"]) == (48, 32)

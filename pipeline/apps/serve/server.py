@@ -658,13 +658,7 @@ class ViewerServer:
         if session is None:
             return
         client.session = None
-        if client.slot is not None:
-            session.hub.remove(client.slot)
-            from vostream.sinks.websocket import ClientSlot
-
-            loop = self.loop
-            assert loop is not None
-            client.slot = ClientSlot(client.slot.inflight_limit, wake=_waker(loop, client.wake))
+        self._fresh_slot(client, session)
         members = self._session_clients.get(session.id, set())
         members.discard(client.cid)
         if client.owner:
@@ -673,14 +667,25 @@ class ViewerServer:
                 other = self.clients.get(cid)
                 if other is not None:
                     other.session = None
-                    if other.slot is not None:
-                        session.hub.remove(other.slot)
+                    self._fresh_slot(other, session)  # the watcher may open or watch another session
                     self._send(other, {"t": "closed", "reason": reason or "owner left"})
             self._session_clients.pop(session.id, None)
             self.sessions.pop(session.id, None)
             await asyncio.to_thread(session.close)
         else:
             self._broadcast_state(session)
+
+    def _fresh_slot(self, client: _Client, session: Session) -> None:
+        """Take ``client``'s slot out of ``session``'s hub (which closes it) and give the client a new, empty one:
+        a closed slot takes no frames, so a client left with it would see nothing from its next session."""
+        if client.slot is None:
+            return
+        from vostream.sinks.websocket import ClientSlot
+
+        session.hub.remove(client.slot)
+        loop = self.loop
+        assert loop is not None
+        client.slot = ClientSlot(client.slot.inflight_limit, wake=_waker(loop, client.wake))
 
     def _broadcast_state(self, session: Session) -> None:
         state = encode(session.state())
