@@ -159,3 +159,55 @@ def test_watcher_sees_frames_after_its_owner_left(root: Path) -> None:
             assert info["t"] == "opened" and not info["watcher"], info
             frame = recv(watcher, "frame", timeout=10)
             assert frame["session"] == info["session"] and (frame["w"], frame["h"]) == (48, 32)
+
+
+# -- 3. the session limit holds for simultaneous opens; idle sessions close ------------------------------------
+
+
+def test_simultaneous_opens_respect_the_session_limit(root: Path) -> None:
+    cfg = ServerConfig(port=0, media_root=str(root), max_sessions=4, max_rate=1000.0)
+    with ServerThread(cfg) as st:
+        sockets = [client(st.port) for _ in range(20)]
+        try:
+            for ws in sockets:  # all 20 opens are in flight before any has finished
+                ws.send(pack({"t": "open", "source": "clip.mp4"}))
+            answers = [recv(ws, ("opened", "error"), timeout=30) for ws in sockets]
+            opened = [m for m in answers if m["t"] == "opened"]
+            busy = [m for m in answers if m["t"] == "error"]
+            assert len(opened) == 4, [m.get("code") for m in answers]
+            assert len(busy) == 16 and all(m["code"] == "busy" for m in busy), busy
+            assert "at most 4 sessions" in busy[0]["message"] and "\n" not in busy[0]["message"]
+            assert st.call(lambda: len(st.server.sessions)) == 4
+        finally:
+            for ws in sockets:
+                ws.close()
+
+
+def test_idle_session_is_closed_and_its_clients_told(root: Path) -> None:
+    cfg = ServerConfig(port=0, media_root=str(root), idle_timeout=1.0)
+    with ServerThread(cfg) as st, client(st.port) as owner, client(st.port) as watcher:
+        owner.send(pack({"t": "open", "source": "clip.mp4"}))
+        session = recv(owner, "opened")["session"]
+        watcher.send(pack({"t": "watch", "session": session}))
+        recv(watcher, "opened")
+        t0 = time.monotonic()
+        for _ in range(6):  # pings are not activity: the paused, untouched session still times out
+            owner.send(pack({"t": "ping", "id": 1, "client_ms": time.time() * 1000}))
+            time.sleep(0.1)
+        closed = recv(owner, "closed", timeout=10)
+        assert closed["reason"].startswith("idle") and 0.9 < time.monotonic() - t0 < 5, closed
+        assert recv(watcher, "closed", timeout=5)["reason"].startswith("idle")
+        assert st.call(lambda: len(st.server.sessions)) == 0
+        owner.send(pack({"t": "open", "source": "clip.mp4"}))  # the owner may open again
+        assert recv(owner, ("opened", "error"))["t"] == "opened"
+
+
+def test_activity_keeps_a_session_open(root: Path) -> None:
+    cfg = ServerConfig(port=0, media_root=str(root), idle_timeout=1.0)
+    with ServerThread(cfg) as st, client(st.port) as owner:
+        owner.send(pack({"t": "open", "source": "clip.mp4"}))
+        recv(owner, "opened")
+        for _ in range(8):  # 2 s of steps, one every 0.25 s: never idle for 1 s
+            owner.send(pack({"t": "step"}))
+            time.sleep(0.25)
+        assert st.call(lambda: len(st.server.sessions)) == 1

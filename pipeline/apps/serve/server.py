@@ -99,6 +99,8 @@ class ServerConfig:
     max_rate: float = 100.0  # client messages per second (burst: 2 s worth)
     inflight: int = 2
     max_sessions: int = 8
+    #: a session whose owner sent nothing (no control, no ack) for this long is closed (0: never)
+    idle_timeout: float = 300.0
     #: a stream URL that is refused or cannot be opened is answered no sooner than this (seconds after the open),
     #: so that the answer's timing does not tell an allow-list refusal from a refused connection
     url_error_delay: float = 0.5
@@ -117,6 +119,10 @@ class ServerConfig:
             raise ConfigError(f"--port must be 0..65535, got {self.port}")
         if not os.path.isdir(self.media_root):
             raise ConfigError(f"--media-root {self.media_root!r} is not a directory")
+        if not (self.idle_timeout >= 0 and self.idle_timeout < float("inf")):
+            raise ConfigError(f"--idle-timeout must be >= 0 seconds (0: never), got {self.idle_timeout}")
+        if self.max_sessions < 1:
+            raise ConfigError(f"max sessions must be >= 1, got {self.max_sessions}")
         if not 1 <= self.inflight <= MAX_INFLIGHT:
             raise ConfigError(f"inflight must be 1..{MAX_INFLIGHT}, got {self.inflight}")
 
@@ -155,6 +161,8 @@ class ViewerServer:
         self.clients: dict[int, _Client] = {}
         self._session_clients: dict[str, set[int]] = {}
         self._next_cid = 0
+        self._opening = 0  # opens under way: each holds a session slot (max_sessions) until it ends
+        self._idle_task: asyncio.Task[None] | None = None
         self._server: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = config.port
@@ -200,6 +208,8 @@ class ViewerServer:
             ) from exc
         self.port = self._server.sockets[0].getsockname()[1]
         self._stats_task = asyncio.create_task(self._stats_loop())
+        if self.config.idle_timeout > 0:
+            self._idle_task = asyncio.create_task(self._idle_loop())
         logger.info("viewer at %s", self.url)
 
     @property
@@ -219,9 +229,10 @@ class ViewerServer:
 
     async def stop(self) -> None:
         """Close every connection and session.  Idempotent."""
-        if self._stats_task is not None:
-            self._stats_task.cancel()
-            self._stats_task = None
+        for task in (self._stats_task, self._idle_task):
+            if task is not None:
+                task.cancel()
+        self._stats_task = self._idle_task = None
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -539,6 +550,8 @@ class ViewerServer:
         return True
 
     async def _dispatch(self, client: _Client, msg: Any) -> None:
+        if client.owner and client.session is not None and not isinstance(msg, Ping):
+            client.session.last_active = time.monotonic()  # pings alone do not keep a session alive
         if isinstance(msg, Ack):
             if client.slot is not None:
                 client.slot.ack(msg.seq, msg.draw_ms)
@@ -606,13 +619,27 @@ class ViewerServer:
         path, display = resolve_source(
             self.media_root, msg.source, self.config.allow_urls, self.config.allow_exact_urls
         )
-        owned = sum(1 for s in self.sessions.values() if not s.ended)
-        if owned >= self.config.max_sessions and not (client.owner and client.session):
-            raise ProtocolError(
-                "out_of_range",
-                f"this server runs at most {self.config.max_sessions} sessions; close one first",
-                "open",
-            )
+        # Check and reserve in one step (no await in between): simultaneous opens cannot all pass the check while
+        # the slow opens are under way.  A client replacing its own session needs no new slot.
+        replacing = client.owner and client.session is not None
+        if not replacing:
+            running = sum(1 for s in self.sessions.values() if not s.ended)
+            if running + self._opening >= self.config.max_sessions:
+                idle = self.config.idle_timeout
+                raise ProtocolError(
+                    "busy",
+                    f"the server is busy: it runs at most {self.config.max_sessions} sessions and all are in "
+                    f"use; try again later" + (f" (idle sessions close after {idle:g} s)" if idle else ""),
+                    "open",
+                )
+            self._opening += 1
+        try:
+            await self._start_session(client, path, display, msg)
+        finally:
+            if not replacing:
+                self._opening -= 1
+
+    async def _start_session(self, client: _Client, path: str, display: str, msg: Open) -> None:
         loop = self.loop
         assert loop is not None
         holder: dict[str, Session] = {}
@@ -628,8 +655,10 @@ class ViewerServer:
         holder["s"] = session
         try:
             await asyncio.to_thread(session.open)
-        except VostreamError as exc:
-            await asyncio.to_thread(session.close)
+        except BaseException as exc:
+            await asyncio.shield(asyncio.to_thread(session.close))
+            if not isinstance(exc, VostreamError):
+                raise
             if "://" in msg.source:  # the same answer as for a refused URL: no probing through the server
                 logger.warning("cannot open stream %s: %s", display, exc)
                 raise ProtocolError("source_error", URL_FAILED.format(url=display), "open") from exc
@@ -701,6 +730,34 @@ class ViewerServer:
                 if client is not None:
                     self._error(client, "source_error", f"session {session.id} stopped: {session.error}")
         self._broadcast_state(session)
+
+    async def _idle_loop(self) -> None:
+        """Close sessions whose owner has been silent (no control message, no ack) for ``idle_timeout`` s: a
+        forgotten paused tab must not hold a session slot forever.  Their clients get ``closed`` saying why."""
+        timeout = self.config.idle_timeout
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = time.monotonic()
+            for session in list(self.sessions.values()):
+                if now - session.last_active < timeout or self.sessions.get(session.id) is not session:
+                    continue
+                reason = f"idle: no activity for {timeout:g} s; open the source again"
+                logger.info("closing idle session %s (%s)", session.id, session.display)
+                owner = next(
+                    (
+                        c
+                        for cid in self._session_clients.get(session.id, ())
+                        if (c := self.clients.get(cid)) is not None and c.owner
+                    ),
+                    None,
+                )
+                if owner is not None:
+                    await self._detach(owner, reason=reason)
+                    self._send(owner, {"t": "closed", "reason": reason})
+                else:  # no owner left (cannot normally happen): close it all the same
+                    self.sessions.pop(session.id, None)
+                    self._session_clients.pop(session.id, None)
+                    await asyncio.to_thread(session.close)
 
     async def _stats_loop(self) -> None:
         while True:
@@ -931,6 +988,16 @@ def add_serve_parser(sub: Any, add_common: Any) -> None:
     )
     p.add_argument("--out", metavar="DIR", help="also write each session's outputs under DIR/<session>/")
     p.add_argument("--max-objects", type=int, default=8, help="objects per session (default 8)")
+    p.add_argument(
+        "--max-sessions", type=int, default=8, help="sessions (opened sources) at once (default 8)"
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="close a session whose owner sent nothing (no click, no ack) for S seconds (default 300; 0: never)",
+    )
     p.add_argument("--fps", type=float, default=25.0, help="playback rate of frames directories (default 25)")
     add_common(p)
 
@@ -970,6 +1037,8 @@ def serve_config(args: Any) -> ServerConfig:
         allow_origins=tuple(args.allow_origin),
         allow_urls=tuple(args.allow_url),
         allow_exact_urls=exact,
+        max_sessions=args.max_sessions,
+        idle_timeout=args.idle_timeout,
         session=SessionOptions(
             backend=args.backend,
             tracker_options=options,

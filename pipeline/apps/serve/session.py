@@ -307,6 +307,7 @@ class Session:
         self.objects: set[int] = set()
         self.error: str | None = None
         self.ended = False
+        self.last_active = time.monotonic()  # the owner's last message (the server's idle timeout)
         self.export_dir: Path | None = None
         self.exports: dict[str, Path] = {}
         self._lock = threading.Lock()
