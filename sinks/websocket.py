@@ -177,6 +177,14 @@ class FrameHub:
         for slot in slots:
             slot.offer(frame)
 
+    def clear(self) -> None:
+        """Remove (and close) every slot and forget the last frame (the session ended)."""
+        with self._lock:
+            slots, self._slots = self._slots, []
+            self.last = None
+        for slot in slots:
+            slot.close()
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._slots)

@@ -9,6 +9,7 @@ import socket
 import time
 from pathlib import Path
 
+import harness
 import media
 import msgpack
 import pytest
@@ -211,3 +212,39 @@ def test_activity_keeps_a_session_open(root: Path) -> None:
             owner.send(pack({"t": "step"}))
             time.sleep(0.25)
         assert st.call(lambda: len(st.server.sessions)) == 1
+
+
+# -- 4. closed sessions release their threads and memory at once -----------------------------------------------
+
+
+def _threads() -> int:
+    """This process's threads, native ones included (FFmpeg's decoder threads), less asyncio's executor workers
+    (a pool that grows on demand and stays)."""
+    import threading
+
+    import psutil
+
+    workers = sum(1 for t in threading.enumerate() if t.name.startswith("asyncio_"))
+    return psutil.Process().num_threads() - workers
+
+
+def test_open_close_cycles_return_threads_and_memory(root: Path) -> None:
+    import psutil
+
+    proc = psutil.Process()
+    with ServerThread(ServerConfig(port=0, media_root=str(root))) as st, client(st.port) as ws:
+        baseline = rss_first = 0
+        for cycle in range(100):
+            ws.send(pack({"t": "open", "source": "clip.mp4"}))
+            assert recv(ws, ("opened", "error"))["t"] == "opened"
+            recv(ws, "frame")
+            ws.send(pack({"t": "close"}))
+            recv(ws, "closed")
+            if cycle == 0:  # after one cycle: the tracker is loaded, the libraries' pools are up
+                assert harness.wait_for(lambda: st.call(lambda: len(st.server.sessions)) == 0, timeout=5)
+                baseline, rss_first = _threads(), proc.memory_info().rss
+        assert st.call(lambda: len(st.server.sessions)) == 0
+        # closing must not wait for the garbage collector: the threads are back at once
+        assert harness.wait_for(lambda: _threads() <= baseline, timeout=3), (_threads(), baseline)
+        rss = proc.memory_info().rss
+        assert rss <= 1.2 * rss_first, (rss_first, rss)
