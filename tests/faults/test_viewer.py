@@ -248,3 +248,28 @@ def test_open_close_cycles_return_threads_and_memory(root: Path) -> None:
         assert harness.wait_for(lambda: _threads() <= baseline, timeout=3), (_threads(), baseline)
         rss = proc.memory_info().rss
         assert rss <= 1.2 * rss_first, (rss_first, rss)
+
+
+# -- 5. stop() does not wait long for a client that never answers the close ------------------------------------
+
+
+def test_stop_is_bounded_with_a_client_that_never_closes(root: Path) -> None:
+    st = ServerThread(ServerConfig(port=0, media_root=str(root))).start()
+    stuck = socket.create_connection(("127.0.0.1", st.port), timeout=5)
+    try:
+        key = "dGhlIHNhbXBsZSBub25jZQ=="
+        stuck.sendall(
+            (
+                f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{st.port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
+        assert stuck.recv(4096).startswith(b"HTTP/1.1 101"), "the WebSocket handshake completed"
+        assert harness.wait_for(lambda: st.call(lambda: len(st.server.clients)) == 1, timeout=5)
+        t0 = time.monotonic()
+        st.stop()  # the client never reads, never answers the close frame
+        took = time.monotonic() - t0
+        assert took < 3.0, f"stop() took {took:.1f} s"
+        assert not st._thread.is_alive()
+    finally:
+        stuck.close()

@@ -99,6 +99,8 @@ class ServerConfig:
     max_rate: float = 100.0  # client messages per second (burst: 2 s worth)
     inflight: int = 2
     max_sessions: int = 8
+    #: seconds a client has to answer the server's close frame before its connection is aborted
+    close_timeout: float = 1.0
     #: a session whose owner sent nothing (no control, no ack) for this long is closed (0: never)
     idle_timeout: float = 300.0
     #: a stream URL that is refused or cannot be opened is answered no sooner than this (seconds after the open),
@@ -199,6 +201,9 @@ class ViewerServer:
                 compression=None,
                 ping_interval=20,
                 ping_timeout=20,
+                # a client that never answers our close frame (a frozen tab, a stuck script) is cut after this
+                # long instead of websockets' 10 s, so stop() stays bounded
+                close_timeout=self.config.close_timeout,
                 server_header="vostream",
             )
         except OSError as exc:
