@@ -273,3 +273,26 @@ def test_stop_is_bounded_with_a_client_that_never_closes(root: Path) -> None:
         assert not st._thread.is_alive()
     finally:
         stuck.close()
+
+
+def test_held_and_repeated_frames_are_no_latency_samples() -> None:
+    """Server side of the viewer's figures: a watcher's first frame (published before it joined, maybe long ago)
+    and a repeated ack (a redraw) add no glass-to-glass sample; a fresh frame does."""
+    from vostream.sinks.websocket import ClientSlot, FrameHub, PackedFrame
+
+    hub = FrameHub()
+    old = PackedFrame.pack({"t": "frame", "seq": 1, "index": 0, "capture_ms": 1000.0})
+    hub.publish(old)
+    slot = ClientSlot(inflight=2)
+    hub.add(slot)  # joins 10 s after the frame was captured
+    frame = slot.take()
+    assert frame is not None and msgpack.unpackb(frame.finish(11_000.0))["held"] is True
+    slot.ack(1, draw_ms=11_000.0)
+    assert slot.stats()["latency_ms"]["n"] == 0, "a held frame is no latency sample"
+    hub.publish(PackedFrame.pack({"t": "frame", "seq": 2, "index": 1, "capture_ms": 11_000.0}))
+    fresh = slot.take()
+    assert fresh is not None and "held" not in msgpack.unpackb(fresh.finish(11_020.0))
+    slot.ack(2, draw_ms=11_050.0)
+    slot.ack(2, draw_ms=20_000.0)  # the same frame acked again (a redraw): nothing more
+    lat = slot.stats()["latency_ms"]
+    assert lat["n"] == 1 and lat["p50"] == 50.0, lat
