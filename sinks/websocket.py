@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import cv2
@@ -45,6 +45,9 @@ class PackedFrame:
 
     ``body`` holds the msgpack key/value pairs of ``count`` entries; :meth:`finish` prefixes a map header for
     ``count + 1`` entries and appends ``sent_ms``.  ``seq``/``index`` are kept for the sender's bookkeeping.
+    ``held``: the frame was published before this client joined (a watcher's first frame, a session's frame on
+    screen); :meth:`finish` then adds ``held: true`` and its ack is no glass-to-glass sample (its capture time
+    may be long past).
     """
 
     seq: int
@@ -52,6 +55,7 @@ class PackedFrame:
     body: bytes
     count: int
     capture_ms: float
+    held: bool = False
 
     @classmethod
     def pack(cls, fields: dict[str, Any]) -> PackedFrame:
@@ -62,9 +66,10 @@ class PackedFrame:
         )
 
     def finish(self, sent_ms: float) -> bytes:
-        n = self.count + 1
+        n = self.count + 1 + self.held
         header = bytes([0x80 | n]) if n < 16 else b"\xde" + n.to_bytes(2, "big")
-        return header + self.body + msgpack.packb("sent_ms") + msgpack.packb(float(sent_ms))
+        tail = msgpack.packb("held") + msgpack.packb(True) if self.held else b""
+        return header + self.body + msgpack.packb("sent_ms") + msgpack.packb(float(sent_ms)) + tail
 
     def __len__(self) -> int:
         return len(self.body) + 16
@@ -105,13 +110,15 @@ class ClientSlot:
             if self._pending is None or len(self._unacked) >= self.inflight_limit:
                 return None
             frame, self._pending = self._pending, None
-            self._unacked.append((frame.seq, frame.capture_ms))
+            # a held frame (published before this client joined) is no latency sample: capture time 0
+            self._unacked.append((frame.seq, 0.0 if frame.held else frame.capture_ms))
             self.sent += 1
             return frame
 
     def ack(self, seq: int, draw_ms: float | None = None) -> bool:
         """Acknowledge every sent frame up to ``seq``; returns True if that freed room.  ``draw_ms`` (epoch ms,
-        server clock) adds a glass-to-glass sample for frame ``seq``."""
+        server clock) adds a glass-to-glass sample for frame ``seq`` -- only on its first ack (a repeated ack, a
+        redraw, finds nothing unacked) and not for a ``held`` frame."""
         freed = False
         with self._lock:
             while self._unacked and self._unacked[0][0] <= seq:
@@ -161,7 +168,7 @@ class FrameHub:
             self._slots.append(slot)
             last = self.last
         if last is not None:  # a watcher joining a paused session sees the current frame at once
-            slot.offer(last)
+            slot.offer(replace(last, held=True))
 
     def remove(self, slot: ClientSlot) -> None:
         with self._lock:
@@ -176,6 +183,14 @@ class FrameHub:
             self.last = frame
         for slot in slots:
             slot.offer(frame)
+
+    def clear(self) -> None:
+        """Remove (and close) every slot and forget the last frame (the session ended)."""
+        with self._lock:
+            slots, self._slots = self._slots, []
+            self.last = None
+        for slot in slots:
+            slot.close()
 
     def __len__(self) -> int:
         with self._lock:

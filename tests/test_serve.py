@@ -227,7 +227,7 @@ def test_bad_messages_get_errors_and_server_stays_up(server: ServerThread) -> No
             (pack({"t": "open", "source": "../secret.mp4"}), "forbidden_path"),
             (pack({"t": "open", "source": "escape.mp4"}), "forbidden_path"),
             (pack({"t": "open", "source": "/etc/passwd"}), "forbidden_path"),
-            (pack({"t": "open", "source": "rtsp://10.0.0.1/x"}), "forbidden_path"),
+            (pack({"t": "open", "source": "rtsp://10.0.0.1/x"}), "source_error"),  # generic: no probing
             (pack({"t": "open", "source": "missing.mp4"}), "source_error"),
             (pack({"t": "open", "source": "sub"}), "source_error"),
         ]

@@ -166,17 +166,19 @@ def test_live_url_must_be_allowed(rtsp_server: RtspServer, tmp_path: Path) -> No
         for other in (rtsp_server.url + "2", rtsp_server.url.replace("/live", "/other")):
             ws.send(pack({"t": "open", "source": other}))
             err = reply(ws, ("error", "opened"))
-            assert err["t"] == "error" and err["code"] == "forbidden_path", err
-    # A prefix allows what starts with it; a server that cannot be reached is a source_error, not a hang.
+            assert err["t"] == "error" and err["code"] == "source_error", err
+            assert "not allowed by this server or cannot be reached" in err["message"], err
+    # An --allow-url entry allows its host and port; a server that cannot be reached is a source_error (the same
+    # generic message as a refused URL: no probing through the server), not a hang.
     dead = "rtsp://127.0.0.1:1/live"
-    cfg = ServerConfig(port=0, media_root=str(tmp_path), allow_urls=("rtsp://127.0.0.1:",))
+    cfg = ServerConfig(port=0, media_root=str(tmp_path), allow_urls=("rtsp://127.0.0.1:1",))
     with ServerThread(cfg) as st, connect(f"ws://127.0.0.1:{st.port}/ws", max_size=2**24) as ws:
         hello(ws)
         ws.send(pack({"t": "open", "source": dead}))
         err = reply(ws, ("error", "opened"), timeout=20)
         assert (
             err["code"] == "source_error"
-            and "cannot connect" in err["message"]
+            and "not allowed by this server or cannot be reached" in err["message"]
             and "\n" not in err["message"]
         )
 
@@ -191,7 +193,7 @@ def test_allow_url_rules_and_cli_source_url(tmp_path: Path) -> None:
     ):
         with pytest.raises(ProtocolError) as info:
             resolve_source(tmp_path, requested, **kw)  # type: ignore[arg-type]
-        assert info.value.code == "forbidden_path"
+        assert info.value.code == "source_error"
     assert resolve_source(tmp_path, "rtsp://cam.local/x", ("rtsp://cam.local/",))[0] == "rtsp://cam.local/x"
     parser = build_parser()
     cfg = serve_config(

@@ -152,3 +152,60 @@ def test_click_to_track_in_chromium(scene_media, browser) -> None:
         reddish = (img[..., 0] > img[..., 1] + 40) & (img[..., 0] > img[..., 2] + 40)
         assert reddish.sum() > 50, "no mask overlay visible in the screenshot"
         page.close()
+
+
+def test_viewer_figures_in_chromium(scene_media, browser) -> None:
+    """The stats overlay's figures: a redraw after a click is no latency sample (a click after a pause used to
+    add the pause as latency), fps counts playing time only, and the clock offset comes from the least disturbed
+    ping among pings spread over time (same host here: the true offset is ~0)."""
+    root, scene = scene_media
+    config = ServerConfig(port=0, media_root=str(root), default_source="crossing.mp4")
+    with ServerThread(config) as server:
+        page = browser.new_page()
+        page.goto(server.url)
+        page.wait_for_function("window.__vostream && window.__vostream.frames >= 1", timeout=20000)
+
+        # the computations themselves
+        api = "window.__vostreamApi"
+        assert (
+            page.evaluate(f"{api}.clockOffset([{{rtt: 50, offset: 900}}, {{rtt: 2, offset: 3}}]).offset") == 3
+        )
+        assert page.evaluate(f"{api}.clockOffset([])") is None
+        assert page.evaluate(f"{api}.fpsOf([0, 40, 80, 120])") == 25
+        for args, want in (
+            ("{capture_ms: 1000}, true, 1050, 0, true", 50),
+            ("{capture_ms: 1000}, false, 9000, 0, true", None),  # a redraw
+            ("{capture_ms: 1000, held: true}, true, 9000, 0, true", None),  # a watcher's held frame
+            ("{capture_ms: 1000}, true, 1050, 0, false", None),  # no clock estimate yet
+        ):
+            assert page.evaluate(f"{api}.latencySample({args})") == want, args
+
+        # clock: several pongs spread over time; on one host the offset is within half the best round trip
+        page.wait_for_function("window.__vostream.pongs >= 3", timeout=10000)
+        st = page.evaluate("window.__vostream")
+        assert abs(st["offset"]) <= st["rtt"] / 2 + 2, (st["offset"], st["rtt"])
+
+        # a click after a pause: the local redraw is no latency sample, the re-tracked frame is (and is fresh)
+        page.wait_for_timeout(1500)
+        x1, y1 = scene.click(1)
+        _click_at(page, x1, y1)
+        page.wait_for_function("window.__vostream.masksDrawn >= 1", timeout=15000)
+        st = page.evaluate("window.__vostream")
+        assert st["redraws"] >= 1
+        assert st["lat"] and max(st["lat"]) < 1000, st["lat"]
+
+        # fps over playing time only: play, pause 1.5 s, play again
+        page.keyboard.press("Space")
+        page.wait_for_function("window.__vostream.lastIndex >= 10", timeout=15000)
+        page.keyboard.press("Space")
+        page.wait_for_function("window.__vostream.state.playing === false", timeout=5000)
+        page.wait_for_timeout(300)
+        assert page.evaluate("window.__vostream.fps") == 0, "paused: no fps"
+        page.wait_for_timeout(1200)
+        start = page.evaluate("window.__vostream.lastIndex")
+        page.keyboard.press("Space")
+        page.wait_for_function(f"window.__vostream.lastIndex >= {start + 20}", timeout=15000)
+        fps = page.evaluate("window.__vostream.fps")
+        assert 0.6 * scene.fps <= fps <= 1.5 * scene.fps, (fps, scene.fps)
+        assert max(page.evaluate("window.__vostream.lat")) < 1000
+        page.close()

@@ -14,13 +14,13 @@
   // ---- state --------------------------------------------------------------------------------------------------
   const S = {
     ws: null, session: null, watcher: false, width: 0, height: 0, frames: null, seekable: false,
-    playing: false, ended: false, index: -1, objects: new Map(), selected: null, offset: 0, bestRtt: Infinity,
-    pending: null, drawing: false, lastMsg: null, drag: null, caps: null,
+    playing: false, ended: false, index: -1, objects: new Map(), selected: null, offset: 0, offsetKnown: false,
+    clock: [], pingId: 0, pingTimer: null, pending: null, drawing: false, lastMsg: null, drag: null, caps: null,
   };
   const stats = {
     connected: false, frames: 0, masksDrawn: 0, clientDrops: 0, serverDrops: 0, lastIndex: -1, lastSeq: 0,
     lat: [], p50: null, p95: null, fps: 0, objs: {}, areaByIndex: {}, errors: [], state: null, session: null,
-    promptsSent: 0, server: null, drawTimes: [],
+    promptsSent: 0, server: null, drawTimes: [], redraws: 0, offset: null, rtt: null, pongs: 0,
   };
   window.__vostream = stats;
 
@@ -40,6 +40,31 @@
   }
   const now = () => performance.timeOrigin + performance.now();
 
+  // ---- figures (pure functions; window.__vostreamApi exposes them to the tests) -------------------------------
+  // Clock offset (server − client, ms) from ping/pong samples {rtt, offset}: the sample with the smallest
+  // round trip is the least disturbed by queueing (a busy server, a frame in the socket ahead of the pong).
+  const CLOCK_SAMPLES = 16;  // a sliding window: the estimate follows drift as old samples leave it
+  function clockOffset(samples) {
+    let best = null;
+    for (const s of samples) if (best === null || s.rtt < best.rtt) best = s;
+    return best;
+  }
+  // Frames per second from the draw times (ms) of first-time draws while playing (the caller clears them on
+  // every play/pause change, so a pause is never averaged in).
+  function fpsOf(times) {
+    return times.length > 1 ? (1000 * (times.length - 1)) / (times[times.length - 1] - times[0]) : 0;
+  }
+  // Glass-to-glass sample (ms) of a drawn frame, or null when it is none: a redraw of a frame already drawn,
+  // a frame held from before we joined, no capture time, or no clock estimate yet.
+  function latencySample(msg, first, drawMs, offset, offsetKnown) {
+    if (!first || msg.held || !msg.capture_ms || !offsetKnown) return null;
+    return drawMs + offset - msg.capture_ms;
+  }
+
+  function ping() {
+    send({ t: "ping", id: S.pingId++, client_ms: now() });
+  }
+
   function connect() {
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
     const ws = new WebSocket(`${proto}//${location.host}/ws${token ? "?token=" + encodeURIComponent(token) : ""}`);
@@ -49,10 +74,14 @@
       stats.connected = true;
       setStatus("connected");
       send({ t: "hello", v: 1, client: "vostream-web", inflight: 2 });
-      for (let i = 0; i < 5; i++) setTimeout(() => send({ t: "ping", id: i, client_ms: now() }), 40 * i);
+      // pings spread over time, not in the busy first moments (hello, open, first frame): a few early ones,
+      // then one every 2 s; the offset is re-estimated from the window of the last CLOCK_SAMPLES
+      for (const ms of [300, 700, 1200]) setTimeout(ping, ms);
+      S.pingTimer = setInterval(ping, 2000);
     };
     ws.onclose = (e) => {
       stats.connected = false;
+      if (S.pingTimer) { clearInterval(S.pingTimer); S.pingTimer = null; }
       setStatus(`disconnected${e.reason ? ": " + e.reason : ""}`);
     };
     ws.onmessage = (e) => {
@@ -89,17 +118,18 @@
     frame(msg) {
       msg.recv_ms = now();
       stats.lastSeq = msg.seq;
-      if (S.pending) stats.clientDrops++;
+      if (S.pending && !S.pending.drawn) stats.clientDrops++;  // a replaced redraw is no drop
       S.pending = msg;
       if (!S.drawing) drawLoop();
     },
     state(msg) {
       stats.state = msg;
+      if (msg.playing !== S.playing) stats.drawTimes = [];  // fps counts playing time only
       S.playing = msg.playing; S.ended = msg.ended; S.index = msg.index;
       for (const id of msg.objects) ensureObject(id);
       $("play").textContent = msg.playing ? "❚❚ Pause" : "▶ Play";
       $("seek").value = Math.max(0, msg.index);
-      renderObjects();
+      renderObjects(); renderStats();
     },
     stats(msg) {
       stats.server = msg; stats.serverDrops = msg.drops;
@@ -107,7 +137,11 @@
     },
     pong(msg) {
       const t = now(), rtt = t - msg.client_ms;
-      if (rtt < S.bestRtt) { S.bestRtt = rtt; S.offset = msg.server_ms - (msg.client_ms + t) / 2; }
+      S.clock.push({ rtt, offset: msg.server_ms - (msg.client_ms + t) / 2 });
+      if (S.clock.length > CLOCK_SAMPLES) S.clock.shift();
+      const best = clockOffset(S.clock);
+      S.offset = best.offset; S.offsetKnown = true;
+      stats.offset = best.offset; stats.rtt = best.rtt; stats.pongs++;
     },
     export(msg) {
       const a = document.createElement("a");
@@ -176,6 +210,8 @@
   }
 
   async function drawFrame(msg) {
+    const first = !msg.drawn;  // a redraw (after a click) is no new frame: no ack, no latency or fps sample
+    msg.drawn = true;
     const bitmap = await createImageBitmap(new Blob([msg.jpeg], { type: "image/jpeg" }));
     const w = msg.w, h = msg.h;
     if (canvas.width !== w || canvas.height !== h) { canvas.width = w; canvas.height = h; }
@@ -202,18 +238,22 @@
     drawPrompts(msg.index);
     S.lastMsg = msg; S.index = msg.index;
     const drawMs = now();
-    send({ t: "ack", seq: msg.seq, recv_ms: msg.recv_ms + S.offset, draw_ms: drawMs + S.offset });
-    // stats for the overlay and the tests
-    stats.frames++; stats.masksDrawn += drawn; stats.lastIndex = msg.index;
     stats.objs = {};
     for (const o of msg.objs) stats.objs[o.id] = { area: areas[o.id], present: o.present, box: o.box, score: o.score };
     stats.areaByIndex[msg.index] = areas;
-    if (msg.capture_ms) {
-      stats.lat.push(drawMs + S.offset - msg.capture_ms);
+    if (!first) { stats.redraws++; renderStats(); return; }
+    send({ t: "ack", seq: msg.seq, recv_ms: msg.recv_ms + S.offset, draw_ms: drawMs + S.offset });
+    // stats for the overlay and the tests
+    stats.frames++; stats.masksDrawn += drawn; stats.lastIndex = msg.index;
+    const lat = latencySample(msg, first, drawMs, S.offset, S.offsetKnown);
+    if (lat !== null) {
+      stats.lat.push(lat);
       if (stats.lat.length > 600) stats.lat.shift();
     }
-    stats.drawTimes.push(drawMs);
-    if (stats.drawTimes.length > 60) stats.drawTimes.shift();
+    if (S.playing) {
+      stats.drawTimes.push(drawMs);
+      if (stats.drawTimes.length > 60) stats.drawTimes.shift();
+    }
     $("frameno").textContent = `${msg.index}${S.frames ? " / " + (S.frames - 1) : ""}`;
     renderStats();
   }
@@ -245,8 +285,7 @@
 
   function renderStats() {
     stats.p50 = pct(stats.lat, 0.5); stats.p95 = pct(stats.lat, 0.95);
-    const d = stats.drawTimes;
-    stats.fps = d.length > 1 ? (1000 * (d.length - 1)) / (d[d.length - 1] - d[0]) : 0;
+    stats.fps = S.playing ? fpsOf(stats.drawTimes) : 0;
     const f = (v) => (v == null || Number.isNaN(v) ? "–" : v.toFixed(1));
     const srv = stats.server;
     $("stats").textContent =
@@ -371,6 +410,9 @@
   function setStatus(text) { $("status").textContent = text; }
   function showError(text) { $("error").textContent = text; }
 
-  window.__vostreamApi = { newObject, removeObject, send, select: (id) => { S.selected = id; renderObjects(); } };
+  window.__vostreamApi = {
+    newObject, removeObject, send, select: (id) => { S.selected = id; renderObjects(); },
+    clockOffset, fpsOf, latencySample, pct,  // the figures' computations, for the tests
+  };
   connect();
 })();

@@ -3,19 +3,108 @@ by ``--allow-url`` prefixes.  Pure functions, safe from any thread.
 
 Rules (``docs/viewer.md`` § Security): a relative path is joined to the media root; ``..`` components, NUL bytes
 and absolute paths outside the root are refused; symlinks are resolved and the *resolved* path must still lie
-inside the resolved root (no symlink escape).  A URL (``scheme://``) must start with one of the allowed prefixes.
+inside the resolved root (no symlink escape).  A URL (``scheme://``) must match an ``--allow-url`` entry
+(:func:`url_allowed`: parsed, not a string prefix: same scheme, host and port, and, when the entry has a path, a
+path under it at a segment boundary) or equal the URL given as ``vostream serve``'s SOURCE.  A URL that is refused
+gets the same one-line ``source_error`` as one that cannot be reached (:data:`URL_FAILED`), so that clients cannot
+use the server to probe hosts and ports; the reason goes to the server's log only.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path, PurePosixPath
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from vostream.pipeline.apps.serve.protocol import ProtocolError
 
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v", ".ts", ".mpg", ".mpeg", ".h264", ".hevc")
 _MAX_LISTED = 200
+
+logger = logging.getLogger(__name__)
+
+#: stream schemes a client may open (with an --allow-url entry); ``file://`` and the like never
+STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "srt", "udp", "tcp")
+_DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322, "rtmp": 1935, "rtmps": 443, "http": 80, "https": 443}
+_HOST_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
+#: what a client is told for a stream URL that is refused *or* cannot be opened (details: the server log)
+URL_FAILED = (
+    "cannot open stream {url}: it is not allowed by this server or cannot be reached; see the server log"
+)
+
+
+class _BadURL(ValueError):
+    pass
+
+
+def _parse_url(url: str) -> tuple[str, str, int | None, str]:
+    """``(scheme, host, port, path)`` of ``url``, lower-case scheme and host (no brackets, no userinfo), the port
+    explicit or the scheme's default (``None`` when it has none).  Raises :class:`_BadURL` for anything
+    ambiguous: control characters, spaces, backslashes, non-ASCII, several ``@``, a bad port, an odd host."""
+    if not url.isascii() or any(c <= " " or c in "\\\x7f" for c in url):
+        raise _BadURL("control characters, spaces, backslashes or non-ASCII characters")
+    parts: SplitResult = urlsplit(url)
+    if parts.netloc.count("@") > 1:
+        raise _BadURL("more than one '@' in the authority")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise _BadURL(str(exc)) from exc
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    if not host:
+        raise _BadURL("no host")
+    if ":" in host:  # IPv6 (the brackets are gone): compare the canonical form
+        try:
+            import ipaddress
+
+            host = ipaddress.IPv6Address(host).compressed
+        except ValueError as exc:
+            raise _BadURL(f"bad IPv6 address {host!r}") from exc
+    elif not _HOST_RE.match(host):
+        raise _BadURL(f"bad host name {host!r}")
+    if port is None:
+        port = _DEFAULT_PORTS.get(scheme)
+    return scheme, host, port, parts.path
+
+
+def _path_under(path: str, prefix: str) -> bool:
+    """``path`` equals ``prefix`` or lies under it at a segment boundary (``/live`` allows ``/live/a``, not
+    ``/lively``).  A prefix of ``""`` or ``/`` allows every path."""
+    base = prefix.rstrip("/")
+    if not base:
+        return True
+    return path == base or path.startswith(base + "/")
+
+
+def url_allowed(url: str, allow: tuple[str, ...] = (), exact: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """Whether a client may open stream ``url``, and why not (for the server log).
+
+    ``exact``: URLs allowed as given (string equality: ``vostream serve rtsp://...``).  ``allow``: ``--allow-url``
+    entries, compared **parsed**: the scheme, the host (case-insensitive; userinfo removed; IPv6 in its canonical
+    form) and the port (explicit or the scheme's default) must be equal; an entry with a path allows that path and
+    what lies under it at a ``/`` boundary; the query string is not compared.  Only stream schemes
+    (:data:`STREAM_SCHEMES`); ``.``/``..`` path segments (also percent-encoded) are refused."""
+    if url in exact:
+        return True, ""
+    try:
+        scheme, host, port, path = _parse_url(url)
+    except _BadURL as exc:
+        return False, f"unparsable URL ({exc})"
+    if scheme not in STREAM_SCHEMES:
+        return False, f"scheme {scheme!r} is not a stream scheme"
+    if any(seg in (".", "..") for seg in unquote(path).split("/")):
+        return False, "'.' or '..' path segments"
+    for entry in allow:
+        try:
+            e_scheme, e_host, e_port, e_path = _parse_url(entry)
+        except _BadURL:
+            continue
+        if (e_scheme, e_host, e_port) == (scheme, host, port) and _path_under(path, e_path):
+            return True, ""
+    return False, "no --allow-url entry matches its scheme, host, port and path"
 
 
 def display_url(url: str) -> str:
@@ -27,15 +116,14 @@ def resolve_source(
     root: Path, requested: str, allow_urls: tuple[str, ...] = (), exact_urls: tuple[str, ...] = ()
 ) -> tuple[str, str]:
     """``(path or URL to open, display name)`` for ``requested``, or :class:`ProtocolError` ``forbidden_path`` /
-    ``source_error`` (missing).  A URL must start with one of ``allow_urls`` or equal one of ``exact_urls``."""
+    ``source_error`` (missing).  A URL must be allowed by :func:`url_allowed`; a refused one is a ``source_error``
+    with the generic :data:`URL_FAILED` message (the reason is logged), as for a URL that cannot be reached."""
     if "://" in requested:
-        if requested in exact_urls or any(requested.startswith(prefix) for prefix in allow_urls):
+        ok, why = url_allowed(requested, allow_urls, exact_urls)
+        if ok:
             return requested, display_url(requested)
-        raise ProtocolError(
-            "forbidden_path",
-            "stream URLs are not allowed by this server; start it with --allow-url PREFIX to permit them",
-            "open",
-        )
+        logger.warning("refused stream URL %s: %s", display_url(requested), why)
+        raise ProtocolError("source_error", URL_FAILED.format(url=display_url(requested)), "open")
     if "\x00" in requested or "\\" in requested:
         raise ProtocolError("forbidden_path", "the path contains a forbidden character", "open")
     parts = PurePosixPath(requested).parts
@@ -95,4 +183,12 @@ def list_sources(root: Path, depth: int = 2) -> list[str]:
     return sorted(out)[:_MAX_LISTED]
 
 
-__all__ = ["VIDEO_EXTENSIONS", "display_url", "list_sources", "resolve_source"]
+__all__ = [
+    "STREAM_SCHEMES",
+    "URL_FAILED",
+    "VIDEO_EXTENSIONS",
+    "display_url",
+    "list_sources",
+    "resolve_source",
+    "url_allowed",
+]

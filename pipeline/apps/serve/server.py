@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from vostream.pipeline.apps.serve.media import list_sources, resolve_source
+from vostream.pipeline.apps.serve.media import URL_FAILED, list_sources, resolve_source
 from vostream.pipeline.apps.serve.protocol import (
     EXPORT_FORMATS,
     MAX_INFLIGHT,
@@ -99,6 +99,13 @@ class ServerConfig:
     max_rate: float = 100.0  # client messages per second (burst: 2 s worth)
     inflight: int = 2
     max_sessions: int = 8
+    #: seconds a client has to answer the server's close frame before its connection is aborted
+    close_timeout: float = 1.0
+    #: a session whose owner sent nothing (no control, no ack) for this long is closed (0: never)
+    idle_timeout: float = 300.0
+    #: a stream URL that is refused or cannot be opened is answered no sooner than this (seconds after the open),
+    #: so that the answer's timing does not tell an allow-list refusal from a refused connection
+    url_error_delay: float = 0.5
     max_clients: int = 32
     session: SessionOptions = field(default_factory=SessionOptions)
 
@@ -114,6 +121,10 @@ class ServerConfig:
             raise ConfigError(f"--port must be 0..65535, got {self.port}")
         if not os.path.isdir(self.media_root):
             raise ConfigError(f"--media-root {self.media_root!r} is not a directory")
+        if not (self.idle_timeout >= 0 and self.idle_timeout < float("inf")):
+            raise ConfigError(f"--idle-timeout must be >= 0 seconds (0: never), got {self.idle_timeout}")
+        if self.max_sessions < 1:
+            raise ConfigError(f"max sessions must be >= 1, got {self.max_sessions}")
         if not 1 <= self.inflight <= MAX_INFLIGHT:
             raise ConfigError(f"inflight must be 1..{MAX_INFLIGHT}, got {self.inflight}")
 
@@ -152,6 +163,8 @@ class ViewerServer:
         self.clients: dict[int, _Client] = {}
         self._session_clients: dict[str, set[int]] = {}
         self._next_cid = 0
+        self._opening = 0  # opens under way: each holds a session slot (max_sessions) until it ends
+        self._idle_task: asyncio.Task[None] | None = None
         self._server: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = config.port
@@ -188,6 +201,9 @@ class ViewerServer:
                 compression=None,
                 ping_interval=20,
                 ping_timeout=20,
+                # a client that never answers our close frame (a frozen tab, a stuck script) is cut after this
+                # long instead of websockets' 10 s, so stop() stays bounded
+                close_timeout=self.config.close_timeout,
                 server_header="vostream",
             )
         except OSError as exc:
@@ -197,6 +213,8 @@ class ViewerServer:
             ) from exc
         self.port = self._server.sockets[0].getsockname()[1]
         self._stats_task = asyncio.create_task(self._stats_loop())
+        if self.config.idle_timeout > 0:
+            self._idle_task = asyncio.create_task(self._idle_loop())
         logger.info("viewer at %s", self.url)
 
     @property
@@ -216,9 +234,10 @@ class ViewerServer:
 
     async def stop(self) -> None:
         """Close every connection and session.  Idempotent."""
-        if self._stats_task is not None:
-            self._stats_task.cancel()
-            self._stats_task = None
+        for task in (self._stats_task, self._idle_task):
+            if task is not None:
+                task.cancel()
+        self._stats_task = self._idle_task = None
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -536,6 +555,8 @@ class ViewerServer:
         return True
 
     async def _dispatch(self, client: _Client, msg: Any) -> None:
+        if client.owner and client.session is not None and not isinstance(msg, Ping):
+            client.session.last_active = time.monotonic()  # pings alone do not keep a session alive
         if isinstance(msg, Ack):
             if client.slot is not None:
                 client.slot.ack(msg.seq, msg.draw_ms)
@@ -588,16 +609,42 @@ class ViewerServer:
         self._broadcast_state(session)
 
     async def _open(self, client: _Client, msg: Open) -> None:
+        if "://" not in msg.source:
+            await self._open_source(client, msg)
+            return
+        started = time.monotonic()
+        try:
+            await self._open_source(client, msg)
+        except ProtocolError as exc:
+            if exc.code == "source_error":  # refused or unreachable: both answer after the same floor
+                await asyncio.sleep(max(0.0, started + self.config.url_error_delay - time.monotonic()))
+            raise
+
+    async def _open_source(self, client: _Client, msg: Open) -> None:
         path, display = resolve_source(
             self.media_root, msg.source, self.config.allow_urls, self.config.allow_exact_urls
         )
-        owned = sum(1 for s in self.sessions.values() if not s.ended)
-        if owned >= self.config.max_sessions and not (client.owner and client.session):
-            raise ProtocolError(
-                "out_of_range",
-                f"this server runs at most {self.config.max_sessions} sessions; close one first",
-                "open",
-            )
+        # Check and reserve in one step (no await in between): simultaneous opens cannot all pass the check while
+        # the slow opens are under way.  A client replacing its own session needs no new slot.
+        replacing = client.owner and client.session is not None
+        if not replacing:
+            running = sum(1 for s in self.sessions.values() if not s.ended)
+            if running + self._opening >= self.config.max_sessions:
+                idle = self.config.idle_timeout
+                raise ProtocolError(
+                    "busy",
+                    f"the server is busy: it runs at most {self.config.max_sessions} sessions and all are in "
+                    f"use; try again later" + (f" (idle sessions close after {idle:g} s)" if idle else ""),
+                    "open",
+                )
+            self._opening += 1
+        try:
+            await self._start_session(client, path, display, msg)
+        finally:
+            if not replacing:
+                self._opening -= 1
+
+    async def _start_session(self, client: _Client, path: str, display: str, msg: Open) -> None:
         loop = self.loop
         assert loop is not None
         holder: dict[str, Session] = {}
@@ -613,8 +660,13 @@ class ViewerServer:
         holder["s"] = session
         try:
             await asyncio.to_thread(session.open)
-        except VostreamError as exc:
-            await asyncio.to_thread(session.close)
+        except BaseException as exc:
+            await asyncio.shield(asyncio.to_thread(session.close))
+            if not isinstance(exc, VostreamError):
+                raise
+            if "://" in msg.source:  # the same answer as for a refused URL: no probing through the server
+                logger.warning("cannot open stream %s: %s", display, exc)
+                raise ProtocolError("source_error", URL_FAILED.format(url=display), "open") from exc
             raise ProtocolError("source_error", f"cannot open {display!r}: {exc}", "open") from exc
         await self._detach(client, reason="owner opened another source")  # only once the new one works
         self.sessions[session.id] = session
@@ -640,13 +692,7 @@ class ViewerServer:
         if session is None:
             return
         client.session = None
-        if client.slot is not None:
-            session.hub.remove(client.slot)
-            from vostream.sinks.websocket import ClientSlot
-
-            loop = self.loop
-            assert loop is not None
-            client.slot = ClientSlot(client.slot.inflight_limit, wake=_waker(loop, client.wake))
+        self._fresh_slot(client, session)
         members = self._session_clients.get(session.id, set())
         members.discard(client.cid)
         if client.owner:
@@ -655,14 +701,25 @@ class ViewerServer:
                 other = self.clients.get(cid)
                 if other is not None:
                     other.session = None
-                    if other.slot is not None:
-                        session.hub.remove(other.slot)
+                    self._fresh_slot(other, session)  # the watcher may open or watch another session
                     self._send(other, {"t": "closed", "reason": reason or "owner left"})
             self._session_clients.pop(session.id, None)
             self.sessions.pop(session.id, None)
             await asyncio.to_thread(session.close)
         else:
             self._broadcast_state(session)
+
+    def _fresh_slot(self, client: _Client, session: Session) -> None:
+        """Take ``client``'s slot out of ``session``'s hub (which closes it) and give the client a new, empty one:
+        a closed slot takes no frames, so a client left with it would see nothing from its next session."""
+        if client.slot is None:
+            return
+        from vostream.sinks.websocket import ClientSlot
+
+        session.hub.remove(client.slot)
+        loop = self.loop
+        assert loop is not None
+        client.slot = ClientSlot(client.slot.inflight_limit, wake=_waker(loop, client.wake))
 
     def _broadcast_state(self, session: Session) -> None:
         state = encode(session.state())
@@ -678,6 +735,34 @@ class ViewerServer:
                 if client is not None:
                     self._error(client, "source_error", f"session {session.id} stopped: {session.error}")
         self._broadcast_state(session)
+
+    async def _idle_loop(self) -> None:
+        """Close sessions whose owner has been silent (no control message, no ack) for ``idle_timeout`` s: a
+        forgotten paused tab must not hold a session slot forever.  Their clients get ``closed`` saying why."""
+        timeout = self.config.idle_timeout
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = time.monotonic()
+            for session in list(self.sessions.values()):
+                if now - session.last_active < timeout or self.sessions.get(session.id) is not session:
+                    continue
+                reason = f"idle: no activity for {timeout:g} s; open the source again"
+                logger.info("closing idle session %s (%s)", session.id, session.display)
+                owner = next(
+                    (
+                        c
+                        for cid in self._session_clients.get(session.id, ())
+                        if (c := self.clients.get(cid)) is not None and c.owner
+                    ),
+                    None,
+                )
+                if owner is not None:
+                    await self._detach(owner, reason=reason)
+                    self._send(owner, {"t": "closed", "reason": reason})
+                else:  # no owner left (cannot normally happen): close it all the same
+                    self.sessions.pop(session.id, None)
+                    self._session_clients.pop(session.id, None)
+                    await asyncio.to_thread(session.close)
 
     async def _stats_loop(self) -> None:
         while True:
@@ -902,11 +987,22 @@ def add_serve_parser(sub: Any, add_common: Any) -> None:
         "--allow-url",
         action="append",
         default=[],
-        metavar="PREFIX",
-        help="stream URLs starting with PREFIX may be opened (repeatable; none by default)",
+        metavar="URL",
+        help="stream URLs on URL's scheme, host and port (and under its path, if it has one) may be "
+        "opened (repeatable; none by default)",
     )
     p.add_argument("--out", metavar="DIR", help="also write each session's outputs under DIR/<session>/")
     p.add_argument("--max-objects", type=int, default=8, help="objects per session (default 8)")
+    p.add_argument(
+        "--max-sessions", type=int, default=8, help="sessions (opened sources) at once (default 8)"
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="close a session whose owner sent nothing (no click, no ack) for S seconds (default 300; 0: never)",
+    )
     p.add_argument("--fps", type=float, default=25.0, help="playback rate of frames directories (default 25)")
     add_common(p)
 
@@ -946,6 +1042,8 @@ def serve_config(args: Any) -> ServerConfig:
         allow_origins=tuple(args.allow_origin),
         allow_urls=tuple(args.allow_url),
         allow_exact_urls=exact,
+        max_sessions=args.max_sessions,
+        idle_timeout=args.idle_timeout,
         session=SessionOptions(
             backend=args.backend,
             tracker_options=options,

@@ -46,6 +46,10 @@ from vostream.stages.trackers import load_tracker
 logger = logging.getLogger(__name__)
 
 
+def _no_factory(start: int) -> Source[Frame]:
+    raise ConfigError("this session has ended; open the source again")
+
+
 class ControllableSource(Source[Frame]):
     """A file source under the viewer's control (see the module docstring).  ``factory(start)`` returns a new,
     opened inner source whose first frame is frame ``start``; frame indices are made absolute.
@@ -215,6 +219,18 @@ class ControllableSource(Source[Frame]):
         if self._inner is not None:
             self._inner.close()
 
+    def release(self) -> None:
+        """After the pipeline has ended: close and drop the inner source, the frame on screen and the callbacks
+        (which point back at the session), so the decoder and its threads go at once.  Idempotent."""
+        with self._cond:
+            self._stop = True
+            inner, self._inner = self._inner, None
+            self._last = None
+            self.on_state = lambda: None
+            self._factory = _no_factory
+        if inner is not None:
+            inner.close()
+
     def stats(self) -> dict[str, Any]:
         inner = self._inner.stats() if self._inner is not None else {}
         return {
@@ -307,11 +323,13 @@ class Session:
         self.objects: set[int] = set()
         self.error: str | None = None
         self.ended = False
+        self.last_active = time.monotonic()  # the owner's last message (the server's idle timeout)
         self.export_dir: Path | None = None
         self.exports: dict[str, Path] = {}
         self._lock = threading.Lock()
         self.pipeline: Pipeline | None = None
         self.control: ControllableSource | None = None
+        self._watcher: threading.Thread | None = None
 
         self.hub = FrameHub()
         self.record = AnnotationRecord()
@@ -335,6 +353,14 @@ class Session:
             return src
 
         first = factory(0)
+        try:
+            self._start(first, factory)
+        except BaseException:
+            if self.pipeline is None:  # not started: nothing else will close the decoder
+                first.close()
+            raise
+
+    def _start(self, first: Source[Frame], factory: Callable[[int], Source[Frame]]) -> None:
         self.width, self.height = int(getattr(first, "width")), int(getattr(first, "height"))  # noqa: B009
         self.fps = float(getattr(first, "fps", 0.0) or self.options.fps)
         self.frames = first.length
@@ -373,7 +399,8 @@ class Session:
             self.control, tracker, sinks, queue_size=self.options.queue_size, name=f"session-{self.id}"
         )
         self.pipeline.start()
-        threading.Thread(target=self._watch, daemon=True, name=f"vostream-session-{self.id}").start()
+        self._watcher = threading.Thread(target=self._watch, daemon=True, name=f"vostream-session-{self.id}")
+        self._watcher.start()
 
     def _watch(self) -> None:
         assert self.pipeline is not None
@@ -388,18 +415,41 @@ class Session:
         self.notify("end")
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the pipeline (cancel), wait up to ``timeout`` s, remove exports.  Idempotent."""
-        if self.pipeline is not None and not self.ended:
-            self.pipeline.cancel()
+        """Stop the pipeline (cancel), wait up to ``timeout`` s, remove exports, then release everything the
+        session holds (decoders and their threads, the tracker session, frames) at once: the references between
+        the session, its source and its callbacks are cut, so nothing waits for a garbage-collector cycle.
+        Idempotent."""
+        pipeline = self.pipeline
+        stopped = True
+        if pipeline is not None:
+            pipeline.cancel()
             try:
-                self.pipeline.wait(timeout)
+                pipeline.wait(timeout)
             except TimeoutError:
+                stopped = False
                 logger.warning("session %s did not stop within %.1f s", self.id, timeout)
             except VostreamError:
                 pass
+            watcher = self._watcher
+            if watcher is not None and watcher is not threading.current_thread():
+                watcher.join(timeout)
         if self.export_dir is not None:
             shutil.rmtree(self.export_dir, ignore_errors=True)
             self.export_dir = None
+        if stopped:
+            self._release()
+
+    def _release(self) -> None:
+        """Drop the pipeline, the source and the callbacks (they point back at this session)."""
+        self.ended = True
+        self.notify = lambda kind: None
+        control, self.control = self.control, None
+        if control is not None:
+            control.release()
+        self.pipeline = None
+        self.hub.clear()
+        self.record = AnnotationRecord()
+        self.exports.clear()
 
     # -- controls ---------------------------------------------------------------------------------------------
     def _src(self) -> ControllableSource:
