@@ -1,0 +1,67 @@
+"""Fault suite, "frame indices, caps and memory": a skipped corrupt frame keeps its index in every output; object
+ids and object counts are bounded at parse time; a stop lands between objects; memory stays bounded by bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import harness
+import media
+import numpy as np
+from PIL import Image
+
+W, H, COUNT, BAD = 96, 64, 20, 10
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> float:
+    return float((a & b).sum()) / float(max(1, (a | b).sum()))
+
+
+def _rle_mask(segmentation: dict) -> np.ndarray:  # type: ignore[type-arg]
+    from pycocotools import mask as mask_utils
+
+    rle = {"size": segmentation["size"], "counts": segmentation["counts"].encode("ascii")}
+    return mask_utils.decode(rle).astype(bool)
+
+
+def test_corrupt_frame_keeps_its_index_in_every_output(tmp_path: Path) -> None:
+    frames = media.make_frame_dir(tmp_path / "frames", media.square_frames(COUNT, W, H), ext=".jpg")
+    (frames / f"{BAD:05d}.jpg").write_bytes(b"\xff\xd8 not a jpeg at all " * 8)
+    x0, y0, x1, y1 = media.square_box(0, W, H)
+    # object 2: a click on frame 12 just inside the square's left edge, which is background on frame 13 (the
+    # square moves 4 px right per frame): applied to the wrong frame it would seed on the background
+    b0, b1, b2, b3 = media.square_box(12, W, H)
+    out = tmp_path / "out"
+    r = harness.run_cli(
+        [
+            "track", frames, "--point", f"{(x0 + x1) // 2},{(y0 + y1) // 2}",
+            "--obj", "2", "--frame", "12", "--point", f"{b0 + 1},{(b1 + b3) // 2}",
+            "--out", out, "--save", "png,json,mot", "--quiet",
+        ],
+        timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert "corrupt" in json.dumps(summary)
+    # PNG: no file for the missing frame; every other file holds its own source frame's mask
+    names = sorted(p.name for p in (out / "masks").iterdir())
+    assert names == [f"{i:05d}.png" for i in range(COUNT) if i != BAD]
+    labels = np.asarray(Image.open(out / "masks" / "00011.png"))
+    truth = media.square_mask(11, W, H)
+    assert _iou(labels == 1, truth) > 0.8 > _iou(labels == 1, media.square_mask(12, W, H))
+    # JSON: a null entry at the missing index, every list aligned with the source frames
+    doc = json.loads((out / "annotations.json").read_text())
+    assert doc["videos"][0]["length"] == COUNT
+    anns = {a["id"]: a for a in doc["annotations"]}
+    assert anns[1]["segmentations"][BAD] is None and anns[1]["bboxes"][BAD] is None
+    assert _iou(_rle_mask(anns[1]["segmentations"][11]), truth) > 0.8
+    assert abs(anns[1]["bboxes"][11][0] - media.square_box(11, W, H)[0]) <= 1
+    # the prompt on frame 12 was applied to source frame 12 (not to frame 13 shifted into its place)
+    assert all(s is None for s in anns[2]["segmentations"][:12])
+    assert _iou(_rle_mask(anns[2]["segmentations"][12]), media.square_mask(12, W, H)) > 0.8
+    # MOT: no rows for the missing frame (1-based), rows of the others on their own frame's box
+    rows = [line.split(",") for line in (out / "mot.txt").read_text().splitlines()]
+    assert {int(r[0]) for r in rows} == {i + 1 for i in range(COUNT) if i != BAD}
+    row12 = next(r for r in rows if r[0] == "12" and r[1] == "1")  # frame index 11
+    assert abs(float(row12[2]) - media.square_box(11, W, H)[0]) <= 1
