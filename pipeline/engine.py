@@ -546,6 +546,9 @@ class Pipeline:
         assert inq is not None
         item: Any = None
         try:
+            bind = getattr(stage, "bind_should_stop", None)
+            if callable(bind):  # optional hook: long process() calls may poll it and give up early on cancel
+                bind(lambda: self._aborted(node))
             stage.open()
             self._mark_open()
             while True:

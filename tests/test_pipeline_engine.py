@@ -444,3 +444,70 @@ def test_live_metrics_and_stats_merge():
     assert final["source"].extra == {"reads": 10}
     assert final["out"].age_ms_p95 >= final["out"].age_ms_p50 >= 0  # Tokens carry capture_time
     assert final["st"].latency_ms_p50 >= 0
+
+
+# -- a cancel lands between objects (the track stage hands the pipeline's cancel to its tracker session) ---------
+
+
+def test_cancel_stops_a_tracker_between_objects() -> None:
+    import numpy as np
+
+    from vostream.pipeline.types import Frame, Prompt, TrackResult
+    from vostream.stages.track import TrackStage
+    from vostream.stages.trackers.base import InputSpec, StepAborted, Tracker, TrackerSession
+
+    entered = threading.Event()
+
+    class SlowObjects(TrackerSession):
+        """0.05 s per object, 200 objects: 10 s per frame unless it honours ``should_stop``."""
+
+        def __init__(self) -> None:
+            self.ids: list[int] = []
+            self.stepped = 0
+
+        def add_prompt(self, prompt: Prompt) -> None:
+            self.ids.append(prompt.obj_id)
+
+        def remove_object(self, obj_id: int) -> None:
+            self.ids.remove(obj_id)
+
+        def reset(self) -> None:
+            self.ids.clear()
+
+        @property
+        def object_ids(self) -> list[int]:
+            return list(self.ids)
+
+        def step(self, frame: Frame) -> TrackResult:
+            entered.set()
+            for _ in self.ids:
+                if self.stop_requested():
+                    raise StepAborted("stopped")
+                time.sleep(0.05)
+                self.stepped += 1
+            return TrackResult.empty(frame.index, frame.height, frame.width)
+
+    class Fake(Tracker):
+        def __init__(self) -> None:
+            self.session = SlowObjects()
+
+        def input_spec(self, src_w: int, src_h: int) -> InputSpec:
+            return InputSpec(src_w, src_h)
+
+        def new_session(self) -> TrackerSession:
+            return self.session
+
+    tracker = Fake()
+    prompts = [Prompt(i, 0, [[1, 1]], [1]) for i in range(1, 201)]
+    frames = [Frame(i, np.zeros((4, 4, 3), np.uint8)) for i in range(3)]
+    stage = TrackStage(tracker, prompts)
+    sink = ListSinkSpec()
+    pipe = Pipeline(ListSource(frames), [stage], [sink])
+    pipe.start()
+    assert entered.wait(10)
+    t0 = time.monotonic()
+    pipe.cancel()
+    report = pipe.wait(timeout=30)
+    assert time.monotonic() - t0 < 2.0  # one object's time plus polling, not the frame's 10 s
+    assert report.reason == "cancel" and tracker.session.stepped < 100
+    assert stage.aborted_steps == 1 and sink.sink.items == []

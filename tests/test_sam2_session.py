@@ -284,3 +284,25 @@ def test_exported_graphs_hold_each_constant_once(sam2_tiny: Any) -> None:
                     f"{name}: {node.output[0]} duplicates {seen[key]}"
                 )
                 seen[key] = node.output[0]
+
+
+def test_a_cancel_lands_between_objects(sam2_tiny: Any, clip: Any) -> None:
+    """``should_stop`` (set by the track stage from the pipeline's cancel) is checked between objects: a frame
+    with many objects stops after the object in progress, not after all of them."""
+    from vostream.stages.trackers.base import StepAborted
+
+    _, export = sam2_tiny("sam2")
+    frames, tensors, _ = clip
+    tracker = OnnxTracker(export, threads=1)
+    s = tracker.new_session()
+    for oid in range(1, 5):
+        s.add_prompt(Prompt(oid, 0, [[20 + 20 * oid, 45]], [1]))
+    s.step(_frame(0, frames[0], tensors[0]))
+    runs = tracker.runtime.stats.runs
+    before = dict(runs)
+    calls = []
+    s.should_stop = lambda: calls.append(1) is None and len(calls) > 2  # true from the third object on
+    with pytest.raises(StepAborted, match="after 2 of 4 objects"):
+        s.step(_frame(1, frames[1], tensors[1]))
+    assert tracker.runtime.stats.runs["decoder"] - before["decoder"] == 2
+    s.close()

@@ -87,3 +87,64 @@ def test_corrupt_frame_keeps_its_index_in_every_output(tmp_path: Path, kind: str
     assert BAD + 1 not in with_rows and set(range(1, 14)) - {BAD + 1} <= with_rows
     row12 = next(r for r in rows if r[0] == "12" and r[1] == "1")  # frame index 11
     assert abs(float(row12[2]) - media.square_box(11, W, H)[0]) <= 1
+
+
+# -- object ids and object counts -------------------------------------------------------------------------------
+
+
+def _prompts_file(path: Path, ids: list[int], width: int = W, height: int = H) -> Path:
+    """One positive click per object, on a grid of distinct pixels."""
+    cols = 17
+    entries = [
+        {"obj": oid, "frame": 0, "points": [[(i % cols) * (width // cols) + 2, (i // cols) * 4 + 2]]}
+        for i, oid in enumerate(ids)
+    ]
+    path.write_text(json.dumps({"prompts": entries}))
+    return path
+
+
+@pytest.mark.parametrize("obj", ["0", "256", str(10**9)])
+def test_object_id_out_of_range_fails_at_parse_time(tmp_path: Path, obj: str) -> None:
+    clip = media.moving_square_clip(".mp4", count=8, width=W, height=H)
+    out = tmp_path / "out"
+    r = harness.run_cli(
+        ["track", clip, "--obj", obj, "--point", "10,10", "--out", out, "--quiet"], timeout=30
+    )
+    assert r.returncode == 2, r.stderr
+    assert f"object id {obj} is out of range: ids are 1..255" in r.stderr and "Traceback" not in r.stderr
+    assert not (out / "summary.json").exists()  # nothing ran: no frame, no outputs
+
+
+def test_256_objects_fail_before_any_frame(tmp_path: Path) -> None:
+    clip = media.moving_square_clip(".mp4", count=8, width=W, height=H)
+    prompts = _prompts_file(tmp_path / "p.json", list(range(1, 257)))
+    out = tmp_path / "out"
+    r = harness.run_cli(["track", clip, "--prompts", prompts, "--out", out, "--quiet"], timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert "entry 255: 'obj' 256 is out of range: ids are 1..255" in r.stderr
+    assert not (out / "summary.json").exists() and not (out / "annotations.json").exists()
+
+
+def test_sigterm_with_255_objects_exits_promptly_with_a_summary(tmp_path: Path) -> None:
+    """255 objects (the cap) make each frame slow; SIGTERM (drain) then SIGTERM (cancel: queued frames are dropped,
+    a tracker stops between objects where it can) ends the run within one frame's time, outputs finalised."""
+    clip = media.moving_square_clip(".mp4", count=40, width=W, height=H)
+    prompts = _prompts_file(tmp_path / "p.json", list(range(1, 256)))
+    out = tmp_path / "out"
+    proc = harness.start_cli(
+        ["track", clip, "--prompts", prompts, "--out", out, "--save", "png,json", "--quiet"], timeout=90
+    )
+    try:
+        assert harness.wait_for(lambda: (out / "masks" / "00000.png").exists(), timeout=60), (
+            "no frame tracked"
+        )
+        harness.signal_child(proc)
+        harness.signal_child(proc)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["frames"] < 40 and json.loads((out / "annotations.json").read_text())["annotations"]
