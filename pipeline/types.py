@@ -62,6 +62,20 @@ class Frame:
         return int(self.image.shape[1])
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays this frame holds (image, tensor, the result's masks and logits): what a queue of
+        frames is bounded by (``pipeline/queues.py``)."""
+        n = self.image.nbytes
+        if self.tensor is not None:
+            n += self.tensor.nbytes
+        result = self.result
+        if result is not None:
+            for arr in (result.masks, result.logits):
+                if arr is not None:
+                    n += arr.nbytes
+        return int(n)
+
+    @property
     def time(self) -> float | None:
         """Presentation time in seconds, when the source gave one."""
         if self.pts is None or self.time_base is None:

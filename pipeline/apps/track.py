@@ -117,6 +117,7 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
             name=Path(settings.source).name,
             fill_holes=settings.fill_holes,
             min_area=settings.min_area,
+            max_queue_bytes=max(1, int(settings.max_queue_mib * 2**20)),
         )
     except BaseException:
         if owned:
