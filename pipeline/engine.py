@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 #: How often (seconds) a node refreshes its object's ``stats()`` into the metrics.
 STATS_EVERY_S = 0.25
 
+#: Default byte budget of one pipeline's queues (``max_queue_bytes``), shared evenly by its edges.
+DEFAULT_MAX_QUEUE_BYTES = 256 * 1024 * 1024
+
 
 class _EndOfStream:
     def __repr__(self) -> str:
@@ -172,7 +175,9 @@ class Pipeline:
     ``policy``: ``None`` (``latest`` when ``source.live`` else ``block``), ``"block"``/``"latest"`` for every edge,
     or a mapping ``{edge name: policy}`` naming a stage's or sink's input edge (others follow the default).  A
     sink's ``SinkSpec.policy`` wins over the default but not over the mapping.  ``queue_size`` bounds each stage
-    edge; each sink's edge holds ``SinkSpec.queue_size``.  A pipeline runs once.
+    edge; each sink's edge holds ``SinkSpec.queue_size``.  ``max_queue_bytes`` (default 256 MiB, ``None``: no byte
+    bound) is split evenly between the edges: an edge also holds at most its share in bytes of items (sized by
+    ``item.nbytes``, e.g. ``Frame.nbytes``), and always one item.  A pipeline runs once.
     """
 
     def __init__(
@@ -184,6 +189,7 @@ class Pipeline:
         policy: str | Mapping[str, str] | None = None,
         queue_size: int = 8,
         name: str = "pipeline",
+        max_queue_bytes: int | None = DEFAULT_MAX_QUEUE_BYTES,
     ) -> None:
         if not isinstance(source, Source):
             raise ConfigError(
@@ -202,6 +208,15 @@ class Pipeline:
                 )
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
             raise ConfigError(f"pipeline '{name}': queue_size must be an integer >= 1, got {queue_size!r}")
+        if max_queue_bytes is not None and (
+            isinstance(max_queue_bytes, bool) or not isinstance(max_queue_bytes, int) or max_queue_bytes < 1
+        ):
+            raise ConfigError(
+                f"pipeline '{name}': max_queue_bytes must be an integer >= 1 or None, got {max_queue_bytes!r}"
+            )
+        edges = len(stages) + len(sinks)
+        edge_bytes = None if max_queue_bytes is None or not edges else max(1, max_queue_bytes // edges)
+        self.max_queue_bytes = max_queue_bytes
         self.name = name
         self.source = source
         default = LATEST if getattr(source, "live", False) else BLOCK
@@ -228,7 +243,7 @@ class Pipeline:
         prev = src
         self._stages: list[_Node] = []
         for i, (stage, sname) in enumerate(zip(stages, stage_names), start=1):
-            q: BoundedQueue[Any] = BoundedQueue(queue_size, per_edge.get(sname, default), sname)
+            q: BoundedQueue[Any] = BoundedQueue(queue_size, per_edge.get(sname, default), sname, edge_bytes)
             node = _Node(sname, "stage", i, stage, q, [], NodeMetrics(sname, "stage", q))
             prev.outs.append(q)
             self._nodes.append(node)
@@ -239,7 +254,7 @@ class Pipeline:
             pol = per_edge.get(kname) or spec.policy or default
             if pol not in POLICIES:
                 raise ConfigError(f"sink '{kname}': unknown policy {pol!r}; use 'block', 'latest' or None")
-            q = BoundedQueue(spec.queue_size, pol, kname)
+            q = BoundedQueue(spec.queue_size, pol, kname, edge_bytes)
             node = _Node(kname, "sink", len(stages) + 1, spec, q, [], NodeMetrics(kname, "sink", q))
             prev.outs.append(q)
             self._nodes.append(node)
@@ -546,6 +561,9 @@ class Pipeline:
         assert inq is not None
         item: Any = None
         try:
+            bind = getattr(stage, "bind_should_stop", None)
+            if callable(bind):  # optional hook: long process() calls may poll it and give up early on cancel
+                bind(lambda: self._aborted(node))
             stage.open()
             self._mark_open()
             while True:
@@ -721,4 +739,11 @@ def handle_signals(
         restore()
 
 
-__all__ = ["END_OF_STREAM", "ControlReceipt", "Pipeline", "RunReport", "handle_signals"]
+__all__ = [
+    "DEFAULT_MAX_QUEUE_BYTES",
+    "END_OF_STREAM",
+    "ControlReceipt",
+    "Pipeline",
+    "RunReport",
+    "handle_signals",
+]

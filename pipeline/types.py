@@ -15,6 +15,24 @@ import numpy as np
 
 from .errors import PromptError
 
+#: Object ids are 1..MAX_OBJ_ID: the DAVIS palette PNG stores one object per label value (0 is background), and
+#: every output, tracker and viewer keys on the id.
+MAX_OBJ_ID = 255
+#: At most this many distinct objects in one run (one palette label each).
+MAX_OBJECTS = 255
+
+
+def check_obj_id(obj_id: Any, what: str = "object id") -> int:
+    """``obj_id`` as an int if it is an integer in 1..:data:`MAX_OBJ_ID`, else :class:`PromptError`."""
+    if isinstance(obj_id, bool) or not isinstance(obj_id, (int, np.integer)):
+        raise PromptError(f"{what} must be an integer 1..{MAX_OBJ_ID}, got {obj_id!r}")
+    if not 1 <= obj_id <= MAX_OBJ_ID:
+        raise PromptError(
+            f"{what} {obj_id} is out of range: ids are 1..{MAX_OBJ_ID} (one DAVIS palette label per object, "
+            f"0 is the background); renumber the objects"
+        )
+    return int(obj_id)
+
 
 @dataclass(eq=False)
 class Frame:
@@ -42,6 +60,20 @@ class Frame:
     @property
     def width(self) -> int:
         return int(self.image.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays this frame holds (image, tensor, the result's masks and logits): what a queue of
+        frames is bounded by (``pipeline/queues.py``)."""
+        n = self.image.nbytes
+        if self.tensor is not None:
+            n += self.tensor.nbytes
+        result = self.result
+        if result is not None:
+            for arr in (result.masks, result.logits):
+                if arr is not None:
+                    n += arr.nbytes
+        return int(n)
 
     @property
     def time(self) -> float | None:
@@ -75,6 +107,8 @@ class Prompt:
 
     ``points`` is (K, 2) float32 ``x, y`` in source pixels; ``labels`` (K,) int32: 1 positive, 0 negative.
     ``box`` is ``(x0, y0, x1, y1)`` in source pixels.  ``mask`` is a boolean (H, W) array at source size.
+    ``obj_id`` is 1..:data:`MAX_OBJ_ID` (:class:`PromptError` otherwise, at construction: every entry point
+    builds a ``Prompt``).
     """
 
     obj_id: int
@@ -87,8 +121,7 @@ class Prompt:
     mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.obj_id, bool) or not isinstance(self.obj_id, (int, np.integer)) or self.obj_id < 0:
-            raise PromptError(f"object id must be a non-negative integer, got {self.obj_id!r}")
+        check_obj_id(self.obj_id)
         if (
             isinstance(self.frame_index, bool)
             or not isinstance(self.frame_index, (int, np.integer))
@@ -303,10 +336,13 @@ def boxes_from_masks(masks: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RemoveObject:
-    """Control message: forget object ``obj_id`` from frame ``frame_index`` on."""
+    """Control message: forget object ``obj_id`` (1..:data:`MAX_OBJ_ID`) from frame ``frame_index`` on."""
 
     obj_id: int
     frame_index: int = 0
+
+    def __post_init__(self) -> None:
+        check_obj_id(self.obj_id)
 
 
 @dataclass(frozen=True)
@@ -323,10 +359,13 @@ Control = Prompt | RemoveObject | ResetTracker
 __all__ = [
     "Control",
     "Frame",
+    "MAX_OBJECTS",
+    "MAX_OBJ_ID",
     "Prompt",
     "RemoveObject",
     "ResetTracker",
     "TrackResult",
     "boxes_from_masks",
+    "check_obj_id",
     "outside_frame",
 ]

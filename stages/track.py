@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from vostream.pipeline.errors import PromptError
 from vostream.pipeline.stage import Stage
 from vostream.pipeline.types import Control, Frame, Prompt, RemoveObject, ResetTracker, TrackResult
 
-from .trackers.base import Tracker, TrackerSession
+from .trackers.base import StepAborted, Tracker, TrackerSession
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,8 @@ class TrackStage(Stage[Frame, Frame]):
         self.applied_prompts = 0
         self.unapplied: list[Any] = []
         self._objects = 0
+        self.aborted_steps = 0
+        self._should_stop: Callable[[], bool] | None = None
         self._backend: dict[
             str, Any
         ] = {}  # the session's last metrics(), kept after close for the final stats
@@ -71,9 +73,18 @@ class TrackStage(Stage[Frame, Frame]):
         return False
 
     # -- stage -----------------------------------------------------------------------------------------------
+    def bind_should_stop(self, should_stop: Callable[[], bool]) -> None:
+        """Called by the engine before :meth:`open` with a callable that turns true once the run is cancelled;
+        handed to the tracker session (``TrackerSession.should_stop``) so it can stop between objects."""
+        self._should_stop = should_stop
+        if self.session is not None:
+            self.session.should_stop = should_stop
+
     def open(self) -> None:
         if self.session is None:
             self.session = self.tracker.new_session()
+            if self._should_stop is not None:
+                self.session.should_stop = self._should_stop
 
     def _apply(self, item: _Pending, frame: Frame) -> None:
         session = self.session
@@ -96,7 +107,7 @@ class TrackStage(Stage[Frame, Frame]):
             self.rejected_prompts += 1
             logger.warning("ignored a prompt on frame %d: %s", frame.index, exc)
 
-    def process(self, frame: Frame) -> Frame:
+    def process(self, frame: Frame) -> Frame | None:
         if self.session is None:
             self.open()
         assert self.session is not None
@@ -107,7 +118,12 @@ class TrackStage(Stage[Frame, Frame]):
             self._apply(item, frame)
         self._objects = len(self.session.object_ids)
         if self._objects:
-            frame.result = self.session.step(frame)
+            try:
+                frame.result = self.session.step(frame)
+            except StepAborted as exc:  # the run was cancelled part-way through the frame: drop it
+                self.aborted_steps += 1
+                logger.info("tracking stopped mid-frame: %s", exc)
+                return None
         else:
             frame.result = TrackResult.empty(frame.index, frame.height, frame.width)
         return frame

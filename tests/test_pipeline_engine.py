@@ -444,3 +444,130 @@ def test_live_metrics_and_stats_merge():
     assert final["source"].extra == {"reads": 10}
     assert final["out"].age_ms_p95 >= final["out"].age_ms_p50 >= 0  # Tokens carry capture_time
     assert final["st"].latency_ms_p50 >= 0
+
+
+# -- a cancel lands between objects (the track stage hands the pipeline's cancel to its tracker session) ---------
+
+
+def test_cancel_stops_a_tracker_between_objects() -> None:
+    import numpy as np
+
+    from vostream.pipeline.types import Frame, Prompt, TrackResult
+    from vostream.stages.track import TrackStage
+    from vostream.stages.trackers.base import InputSpec, StepAborted, Tracker, TrackerSession
+
+    entered = threading.Event()
+
+    class SlowObjects(TrackerSession):
+        """0.05 s per object, 200 objects: 10 s per frame unless it honours ``should_stop``."""
+
+        def __init__(self) -> None:
+            self.ids: list[int] = []
+            self.stepped = 0
+
+        def add_prompt(self, prompt: Prompt) -> None:
+            self.ids.append(prompt.obj_id)
+
+        def remove_object(self, obj_id: int) -> None:
+            self.ids.remove(obj_id)
+
+        def reset(self) -> None:
+            self.ids.clear()
+
+        @property
+        def object_ids(self) -> list[int]:
+            return list(self.ids)
+
+        def step(self, frame: Frame) -> TrackResult:
+            entered.set()
+            for _ in self.ids:
+                if self.stop_requested():
+                    raise StepAborted("stopped")
+                time.sleep(0.05)
+                self.stepped += 1
+            return TrackResult.empty(frame.index, frame.height, frame.width)
+
+    class Fake(Tracker):
+        def __init__(self) -> None:
+            self.session = SlowObjects()
+
+        def input_spec(self, src_w: int, src_h: int) -> InputSpec:
+            return InputSpec(src_w, src_h)
+
+        def new_session(self) -> TrackerSession:
+            return self.session
+
+    tracker = Fake()
+    prompts = [Prompt(i, 0, [[1, 1]], [1]) for i in range(1, 201)]
+    frames = [Frame(i, np.zeros((4, 4, 3), np.uint8)) for i in range(3)]
+    stage = TrackStage(tracker, prompts)
+    sink = ListSinkSpec()
+    pipe = Pipeline(ListSource(frames), [stage], [sink])
+    pipe.start()
+    assert entered.wait(10)
+    t0 = time.monotonic()
+    pipe.cancel()
+    report = pipe.wait(timeout=30)
+    assert time.monotonic() - t0 < 2.0  # one object's time plus polling, not the frame's 10 s
+    assert report.reason == "cancel" and tracker.session.stepped < 100
+    assert stage.aborted_steps == 1 and sink.sink.items == []
+
+
+# -- queues bounded by bytes -------------------------------------------------------------------------------------
+
+
+class _Sized:
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+def test_queue_bounded_by_bytes_admits_one_item_always() -> None:
+    q: BoundedQueue[_Sized] = BoundedQueue(8, BLOCK, "q", max_bytes=100)
+    assert q.put(_Sized(60)) and q.bytes == 60
+    assert not q.put(_Sized(60), abort=lambda: True)  # would exceed 100 bytes: waits (here: gives up)
+    assert q.put(_Sized(40)) and len(q) == 2
+    q.get(), q.get()
+    assert q.bytes == 0 and q.put(_Sized(10**9)) and len(q) == 1  # an empty queue admits any one item
+    latest: BoundedQueue[_Sized] = BoundedQueue(8, LATEST, "l", max_bytes=100)
+    first, second = _Sized(50), _Sized(50)
+    latest.put(first), latest.put(second)
+    latest.put(_Sized(70))  # drops the oldest items until it fits
+    assert latest.drops == 2 and len(latest) == 1 and latest.bytes == 70
+    plain: BoundedQueue[_Sized] = BoundedQueue(2, BLOCK, "p", max_bytes=100)
+    assert plain.put(Token(0)) and plain.put(Token(1))  # items without nbytes: the count bounds them
+    with pytest.raises(ConfigError, match="max_bytes"):
+        BoundedQueue(2, BLOCK, "bad", max_bytes=0)
+
+
+def test_pipeline_byte_budget_gives_4k_frames_fewer_slots_and_480p_the_same() -> None:
+    import numpy as np
+
+    from vostream.pipeline.engine import DEFAULT_MAX_QUEUE_BYTES
+    from vostream.pipeline.types import Frame
+
+    def frames(h: int, w: int, n: int = 30) -> list[Frame]:
+        image = np.zeros((h, w, 3), np.uint8)  # shared: the queue counts each item's nbytes
+        return [Frame(i, image) for i in range(n)]
+
+    share = DEFAULT_MAX_QUEUE_BYTES // 3
+
+    def held_depth(h: int, w: int) -> int:
+        """How many frames queue up in front of a stage that holds its first frame."""
+        gate = threading.Event()
+        sink = ListSinkSpec()
+        stage = FnStage(lambda f: gate.wait(30) and f, name="held")
+        pipe = Pipeline(ListSource(frames(h, w)), [stage, FnStage(lambda f: f, name="b")], [sink])
+        q = pipe._stages[0].inq
+        assert q is not None and q.max_bytes == share
+        pipe.start()
+        _wait_until(lambda: len(q) >= 8 or (len(q) >= 1 and q.bytes + h * w * 3 > share))
+        time.sleep(0.1)  # a producer ignoring the budget would have put more by now
+        depth = len(q)
+        gate.set()
+        pipe.wait(timeout=30)
+        assert len(sink.sink.items) == 30
+        return depth
+
+    peaks = {"480p": held_depth(480, 854), "4k": held_depth(2160, 3840)}
+    assert peaks["480p"] == 8  # queue capacity is still the item count at 480p
+    assert peaks["4k"] == DEFAULT_MAX_QUEUE_BYTES // 3 // (2160 * 3840 * 3)  # 3 of 24.9 MB frames in 85 MiB

@@ -186,3 +186,30 @@ def test_missing_source_and_out():
         merge_settings(None, {"out": "o"})
     with pytest.raises(ConfigError, match="--out"):
         merge_settings(None, {"source": "v.mp4"})
+
+
+@pytest.mark.parametrize("obj", [0, 256, 10**9, -1])
+def test_object_ids_are_1_to_255_at_every_entry_point(tmp_path, obj):
+    """An id that no palette PNG can hold (0 is the background) or that overflows a tracker fails at parse time
+    with one clear PromptError, from the Prompt type itself: CLI tokens, prompts files, removals, the facade."""
+    with pytest.raises(PromptError, match=r"1\.\.255"):
+        Prompt(obj, 0, [[1, 1]], [1])
+    with pytest.raises(PromptError, match=r"1\.\.255"):
+        RemoveObject(obj, 0)
+    with pytest.raises(PromptError, match=r"1\.\.255" if obj >= 0 else "non-negative"):
+        prompts_from_tokens(tokens(["--obj", str(obj), "--point", "1,1"]))
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"prompts": [{"obj": obj, "frame": 0, "points": [[1, 1]]}]}))
+    with pytest.raises(PromptError, match=r"entry 0: 'obj' .*1\.\.255"):
+        load_prompts_file(path)
+    assert Prompt(255, 0, [[1, 1]], [1]).obj_id == 255 and Prompt(1, 0, [[1, 1]], [1]).obj_id == 1
+
+
+def test_a_run_holds_at_most_max_objects(monkeypatch):
+    import vostream.pipeline.apps.prompts as prompts_mod
+
+    monkeypatch.setattr(prompts_mod, "MAX_OBJECTS", 3)
+    three = [Prompt(i, i, [[1, 1]], [1]) for i in (1, 2, 3)]
+    check_prompt_sequence(three, 40, 30)
+    with pytest.raises(PromptError, match="4 objects prompted; a run tracks at most 3"):
+        check_prompt_sequence([*three, Prompt(4, 9, [[1, 1]], [1])], 40, 30)

@@ -284,3 +284,89 @@ def test_exported_graphs_hold_each_constant_once(sam2_tiny: Any) -> None:
                     f"{name}: {node.output[0]} duplicates {seen[key]}"
                 )
                 seen[key] = node.output[0]
+
+
+def test_a_cancel_lands_between_objects(sam2_tiny: Any, clip: Any) -> None:
+    """``should_stop`` (set by the track stage from the pipeline's cancel) is checked between objects: a frame
+    with many objects stops after the object in progress, not after all of them."""
+    from vostream.stages.trackers.base import StepAborted
+
+    _, export = sam2_tiny("sam2")
+    frames, tensors, _ = clip
+    tracker = OnnxTracker(export, threads=1)
+    s = tracker.new_session()
+    for oid in range(1, 5):
+        s.add_prompt(Prompt(oid, 0, [[20 + 20 * oid, 45]], [1]))
+    s.step(_frame(0, frames[0], tensors[0]))
+    runs = tracker.runtime.stats.runs
+    before = dict(runs)
+    calls = []
+    s.should_stop = lambda: calls.append(1) is None and len(calls) > 2  # true from the third object on
+    with pytest.raises(StepAborted, match="after 2 of 4 objects"):
+        s.step(_frame(1, frames[1], tensors[1]))
+    assert tracker.runtime.stats.runs["decoder"] - before["decoder"] == 2
+    s.close()
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("image_size", -5, r"'image_size' must be an integer in 16\.\.4096, got -5"),
+        ("image_size", 128.5, r"'image_size' must be an integer"),
+        ("cond_slots", 10**9, r"'cond_slots' must be an integer in 1\.\.64, got 1000000000"),
+        ("cond_slots", True, r"'cond_slots' must be an integer"),
+        ("tokens_per_slot", 0, r"'tokens_per_slot' must be an integer in 1\.\.65536"),
+        ("bank", 8192, r"make a 16\.0 GiB memory bank per object"),
+        ("recent_slots", 3, r"'recent_slots' \(3\) must be 'num_maskmem' - 1"),
+        ("pointer_slots", 99, r"'pointer_slots' \(99\) must be 'cond_slots' \+ 'max_object_pointers' - 1"),
+        ("dtype", "int8", r"'dtype' must be one of float32, float16, float16-mixed"),
+        (
+            "graph",
+            "../../etc/passwd",
+            r"graphs\.decoder\.file '\.\./\.\./etc/passwd' must be a file name inside",
+        ),
+        ("graph", "/etc/passwd", r"graphs\.decoder\.file '/etc/passwd' must be a file name inside"),
+        ("shape", -3, r"graphs\.decoder tensor .* bad shape"),
+    ],
+)
+def test_manifest_with_absurd_values_is_rejected_at_load(
+    sam2_tiny: Any, tmp_path: Any, field: str, value: Any, message: str
+) -> None:
+    """A damaged or hand-edited manifest fails at load with a ConfigError naming the field, not mid-run with a
+    15 GiB allocation or a file read outside the model directory."""
+    import json
+
+    from vostream.pipeline.errors import ConfigError
+    from vostream.stages.trackers.sam2.manifest import load_manifest
+
+    _, export = sam2_tiny("sam2")
+    d = json.loads((export / "manifest.json").read_text())
+    load_manifest(export)  # the export itself is valid
+    if field == "graph":
+        d["graphs"]["decoder"]["file"] = value
+    elif field == "bank":  # each field in range, together a 16 GiB bank per object
+        d["tokens_per_slot"], d["mem_dim"] = 65536, value
+    elif field == "shape":
+        d["graphs"]["decoder"]["inputs"][0]["shape"][0] = value
+    else:
+        d[field] = value
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match=message):
+        load_manifest(tmp_path)
+
+
+def test_manifest_graph_symlinked_outside_the_model_dir_is_rejected(sam2_tiny: Any, tmp_path: Any) -> None:
+    import json
+
+    from vostream.pipeline.errors import ConfigError
+    from vostream.stages.trackers.sam2.manifest import load_manifest
+
+    _, export = sam2_tiny("sam2")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "manifest.json").write_text((export / "manifest.json").read_text())
+    (model / json.loads((export / "manifest.json").read_text())["graphs"]["decoder"]["file"]).symlink_to(
+        tmp_path / "elsewhere.onnx"
+    )
+    with pytest.raises(ConfigError, match="leads outside the model directory"):
+        load_manifest(model)

@@ -348,3 +348,48 @@ def test_atomic_file(tmp_path: Path) -> None:
     assert target.read_text() == "new"
     _no_tmp(tmp_path)
     assert ensure_dir(tmp_path / "a" / "b").is_dir()
+
+
+def test_vis_json_rolls_part_files_with_flat_memory(tmp_path: Path) -> None:
+    """A live run never ends: with ``roll_frames`` the JSON sink writes a part file per N frame indices and forgets
+    them, so what it holds stays flat over 20,000 frames; every part is a valid document of its frames."""
+    import tracemalloc
+
+    n, roll = 20_000, 5_000
+    mask = np.zeros((1, 16, 16), bool)
+    mask[0, 4:9, 5:11] = True
+    boxes = boxes_from_masks(mask)
+    rles = TrackResult(0, [1], [0.9], [True], boxes, masks=mask).to_rles()
+    image = np.zeros((16, 16, 3), np.uint8)
+    spec = VisJsonSinkSpec(tmp_path / "annotations.json", roll_frames=roll)
+    sink = spec.build()
+    sink.open()
+    tracemalloc.start()
+    try:
+        held = []
+        for i in range(n):
+            if i == 777:
+                continue  # a skipped source frame: a null entry in its part
+            result = TrackResult(i, [1], [0.9], [True], boxes, masks=mask, rles=rles)
+            sink.write(Frame(i, image, source_id="cam", result=result))
+            if i % roll == roll - 1:
+                held.append(tracemalloc.get_traced_memory()[0])
+        sink.close()
+    finally:
+        tracemalloc.stop()
+    assert max(held) - min(held) < 256 * 1024, held  # flat: no growth part after part
+    parts = sorted(tmp_path.glob("annotations-*.json"))
+    assert [p.name for p in parts] == [f"annotations-{k:05d}.json" for k in range(n // roll)]
+    assert not (tmp_path / "annotations.json").exists()
+    for k, path in enumerate(parts):
+        doc = json.loads(path.read_text())
+        video, (ann,) = doc["videos"][0], doc["annotations"]
+        assert video["first_frame"] == k * roll and video["length"] == roll == len(ann["segmentations"])
+        assert video["file_names"][0] == f"cam/{k * roll:05d}.jpg"
+        assert (ann["segmentations"][777] is None) == (k == 0)
+        decoded = mask_utils.decode(
+            {**ann["segmentations"][-1], "counts": ann["segmentations"][-1]["counts"]}
+        )
+        assert np.array_equal(decoded.astype(bool), mask[0])
+    with pytest.raises(ConfigError, match="roll_frames"):
+        VisJsonSinkSpec(tmp_path / "x.json", roll_frames=0)

@@ -221,7 +221,8 @@ def test_corrupt_packet_in_the_middle_is_skipped(tmp_path: Path, ext: str, codec
     # decoding finished, nothing fatal, and the frames after the damage are delivered
     assert len(frames) + corrupt >= 47
     assert frames[-1].pts == all_pts[-1]
-    assert [f.index for f in frames] == list(range(len(frames)))
+    # a skipped frame keeps its index: every delivered frame's index is its position in the undamaged clip
+    assert [f.index for f in frames] == [all_pts.index(f.pts) for f in frames]
     assert frames[-1].image.shape == (H, W, 3)
     if codec in ("mjpeg", "mpeg4"):
         # These decoders report the damage, and the last frame follows a clean keyframe (MJPEG is all intra,
@@ -283,7 +284,52 @@ def test_frame_directory_skips_unreadable_image(tmp_path: Path) -> None:
     source = FrameDirSource(d)
     frames = list(source)
     assert [f.pts for f in frames] == [0, 2]
+    assert [f.index for f in frames] == [0, 2]  # the skipped frame leaves a gap, later frames are not shifted
+    assert np.array_equal(frames[1].image, square_frame(2, 32, 24))
     assert source.stats()["corrupt_frames"] == 1
+    # with start, indices count from the first frame after it
+    frames = list(FrameDirSource(d, start=1))
+    assert [(f.index, f.pts) for f in frames] == [(1, 2)]
+
+
+class _FakeAvFrame:
+    def __init__(self, pts: int | None, time_base: Fraction = Fraction(1, 25)) -> None:
+        self.pts, self.time_base = pts, time_base
+
+
+def _indexer(cfr: bool, rate: Fraction | None = Fraction(25)) -> VideoFileSource:
+    source = VideoFileSource(moving_square_clip(".avi", "mjpeg", count=4, width=W, height=H))
+    source._cfr, source._rate = cfr, rate
+    return source
+
+
+def test_video_index_follows_timestamps_across_a_missing_frame() -> None:
+    # constant rate: the index comes from pts, so a frame the decoder never delivered leaves a gap
+    source = _indexer(cfr=True)
+    assert [source._true_index(_FakeAvFrame(p)) for p in (0, 1, 2, 4, 5)] == [0, 1, 2, 4, 5]
+    # a skipped corrupt frame reported before the frames that precede it in display order (B-frames): the gap
+    # goes where the timestamps jump, also for variable-rate streams (where only counted frames make gaps)
+    source = _indexer(cfr=False)
+    out = [source._true_index(_FakeAvFrame(0)), source._true_index(_FakeAvFrame(1))]
+    source._corrupt += 1  # the decoder rejected the packet of pts 3
+    out += [source._true_index(_FakeAvFrame(p)) for p in (2, 4, 5)]
+    assert out == [0, 1, 2, 4, 5]
+    # variable rate without counted damage: consecutive, whatever the timestamps say
+    source = _indexer(cfr=False)
+    assert [source._true_index(_FakeAvFrame(p)) for p in (0, 1, 3, 4)] == [0, 1, 2, 3]
+    # no timestamps: previous + 1 + the corrupt frames counted since
+    source = _indexer(cfr=False, rate=None)
+    out = [source._true_index(_FakeAvFrame(None))]
+    source._corrupt += 2
+    out += [source._true_index(_FakeAvFrame(None)) for _ in range(2)]
+    assert out == [0, 3, 4]
+
+
+def test_video_max_frames_counts_positions_not_deliveries(tmp_path: Path) -> None:
+    path = copy_to(moving_square_clip(".avi", "mjpeg", count=24, width=W, height=H), tmp_path)
+    _corrupt_packet(path, 2)
+    frames = list(VideoFileSource(path, max_frames=6))
+    assert [f.index for f in frames] == [0, 1, 3, 4, 5]
 
 
 # -- dispatch and interrupt --------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from vostream.pipeline.engine import Pipeline
+from vostream.pipeline.engine import DEFAULT_MAX_QUEUE_BYTES, Pipeline
 from vostream.pipeline.stage import SinkSpec, Source
 from vostream.pipeline.types import Control, Frame
 from vostream.stages.postprocess import PostprocessStage
@@ -37,6 +37,7 @@ def assemble_track(
     name: str = "track",
     fill_holes: bool = False,
     min_area: int = 0,
+    max_queue_bytes: int | None = DEFAULT_MAX_QUEUE_BYTES,
 ) -> Pipeline:
     """The pipeline tracking ``source`` with ``tracker`` (one new :class:`TrackerSession`) into ``sinks``.
 
@@ -48,7 +49,15 @@ def assemble_track(
         TrackStage(tracker, prompts),
         PostprocessStage(fill_holes=fill_holes, min_area=min_area),
     ]
-    return Pipeline(source, stages, list(sinks), policy=policy, queue_size=queue_size, name=name)
+    return Pipeline(
+        source,
+        stages,
+        list(sinks),
+        policy=policy,
+        queue_size=queue_size,
+        name=name,
+        max_queue_bytes=max_queue_bytes,
+    )
 
 
 __all__ = ["assemble_track", "preprocess_ring"]

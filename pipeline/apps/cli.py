@@ -211,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     g = t.add_argument_group("pipeline")
     g.add_argument("--queue-size", type=int, metavar="N", help="capacity of every queue (default 8)")
     g.add_argument(
+        "--max-queue-mib",
+        type=float,
+        metavar="MIB",
+        help="memory budget of the pipeline's queues, shared by its edges: 4K frames get fewer slots than 480p "
+        "ones (default 256)",
+    )
+    g.add_argument(
         "--policy",
         choices=("block", "latest"),
         help="queue policy: block (lossless; default for files) or latest (drop oldest; live feeds)",
@@ -359,6 +366,7 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
         "threads": args.threads,
         "device_id": args.device_id,
         "queue_size": args.queue_size,
+        "max_queue_mib": args.max_queue_mib,
         "policy": args.policy,
         "max_frames": args.max_frames,
         "fill_holes": args.fill_holes,

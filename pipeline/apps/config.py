@@ -58,6 +58,7 @@ class TrackSettings:
     prompts_file: str | None = None
     prompts: list[Any] = field(default_factory=list)  # Prompt / RemoveObject
     queue_size: int = 8
+    max_queue_mib: float = 256.0  # byte budget of the pipeline's queues (Pipeline(max_queue_bytes=...))
     policy: str | None = None
     fill_holes: bool = False
     min_area: int = 0
@@ -143,7 +144,7 @@ def _check_type(key: str, value: Any, where: str) -> Any:
             value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
             "an integer >= 1",
         )
-    elif key in ("open_timeout", "read_timeout", "reconnect_max_delay"):
+    elif key in ("open_timeout", "read_timeout", "reconnect_max_delay", "max_queue_mib"):
         want(
             isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, "a positive number"
         )

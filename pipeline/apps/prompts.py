@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from vostream.pipeline.errors import PromptError
-from vostream.pipeline.types import Prompt
+from vostream.pipeline.types import MAX_OBJECTS, Prompt, check_obj_id
 
 _ENTRY_KEYS = {"obj", "frame", "points", "labels", "box", "mask", "remove"}
 
@@ -80,9 +80,10 @@ def _entry_prompt(entry: Any, where: str, base: Path) -> Prompt | Any:
     unknown = set(entry) - _ENTRY_KEYS
     if unknown:
         raise PromptError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_ENTRY_KEYS)}")
-    obj = entry.get("obj")
-    if isinstance(obj, bool) or not isinstance(obj, int) or obj < 0:
-        raise PromptError(f"{where}: 'obj' must be a non-negative integer, got {obj!r}")
+    try:
+        obj = check_obj_id(entry.get("obj"), "'obj'")
+    except PromptError as exc:
+        raise PromptError(f"{where}: {exc}") from None
     frame = entry.get("frame", 0)
     if isinstance(frame, bool) or not isinstance(frame, int) or frame < 0:
         raise PromptError(f"{where}: 'frame' must be a non-negative integer, got {frame!r}")
@@ -164,10 +165,16 @@ def check_prompt_sequence(
     messages: Iterable[Any], width: int | None = None, height: int | None = None, source: str = ""
 ) -> None:
     """Validate a whole schedule before running: every point inside the frame, every object's first prompt
-    positive (a point, box or mask), and no removal of an object that does not exist at that frame."""
+    positive (a point, box or mask), no removal of an object that does not exist at that frame, and at most
+    :data:`~vostream.pipeline.types.MAX_OBJECTS` distinct objects in the run."""
     from vostream.pipeline.types import RemoveObject, ResetTracker
 
     ordered = sorted(enumerate(messages), key=lambda im: (im[1].frame_index, im[0]))
+    distinct = {msg.obj_id for _, msg in ordered if isinstance(msg, Prompt)}
+    if len(distinct) > MAX_OBJECTS:
+        raise PromptError(
+            f"{len(distinct)} objects prompted; a run tracks at most {MAX_OBJECTS} (one DAVIS palette label each)"
+        )
     alive: set[int] = set()
     for _, msg in ordered:
         if isinstance(msg, Prompt):

@@ -6,6 +6,7 @@ function calls on top of the engine, so a program can do the same with its own s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from vostream.pipeline.types import Prompt
 from vostream.sinks import build_file_sinks
 from vostream.sinks.atomic import atomic_write_text
 from vostream.sinks.rtsp import rtsp_out_spec
+from vostream.sinks.vis_json import LIVE_JSON_ROLL_FRAMES, VisJsonSinkSpec
 from vostream.stages.sources import VideoInfo, is_live_uri, open_source, probe
 from vostream.stages.sources.live import LiveSource, open_live
 from vostream.stages.trackers import load_tracker
@@ -105,6 +107,13 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
             if out_dir is not None
             else []
         )
+        if live_source is not None:  # a live run has no end: its JSON rolls over to part files (flat memory)
+            sinks = [
+                dataclasses.replace(s, roll_frames=LIVE_JSON_ROLL_FRAMES)
+                if isinstance(s, VisJsonSinkSpec)
+                else s
+                for s in sinks
+            ]
         if settings.rtsp_out:
             sinks.append(rtsp_out_spec(settings, info.fps))
         pipe = assemble_track(
@@ -117,6 +126,7 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
             name=Path(settings.source).name,
             fill_holes=settings.fill_holes,
             min_area=settings.min_area,
+            max_queue_bytes=max(1, int(settings.max_queue_mib * 2**20)),
         )
     except BaseException:
         if owned:

@@ -126,8 +126,10 @@ class VideoFileSource(Source[Frame]):
     """Decodes the first video stream of a file with PyAV (threaded decoding), upright RGB frames.
 
     ``threads``: ``"AUTO"`` (FFmpeg picks) or a thread count.  ``start`` frames are decoded and dropped;
-    ``max_frames`` caps the output.  Corrupt packets/frames in the middle are skipped and counted in
-    ``stats()["corrupt_frames"]``; a file cut short ends the stream early (``stats()["truncated"]``).
+    ``max_frames`` caps the output (frame indices ``0 .. max_frames - 1``).  Corrupt packets/frames in the middle
+    are skipped and counted in ``stats()["corrupt_frames"]``; a skipped frame keeps its index (the next frame's
+    ``index`` jumps over it, see :meth:`_true_index`); a file cut short ends the stream early
+    (``stats()["truncated"]``).
     Raises :class:`SourceError` (one line, naming the file) for a missing file, a non-video file, a file without
     frames or without any decodable frame.  Not thread-safe except :meth:`interrupt`.
     """
@@ -173,6 +175,12 @@ class VideoFileSource(Source[Frame]):
         self._delivered = 0
         self._skipped = 0
         self._corrupt = 0
+        self._corrupt_seen = 0  # corrupt frames already turned into index gaps ("owed" = _corrupt - this)
+        self._last_index = -1
+        self._base: tuple[int, int] | None = None  # (pts, index) of the first delivered frame
+        self._cfr = False  # constant frame rate: indices follow the timestamps
+        self._rate: Fraction | None = None
+        self._ended = False
         self._truncated = False
         self._warned_angle = False
         self._closed = False
@@ -191,6 +199,11 @@ class VideoFileSource(Source[Frame]):
         self._container = container
         self._stream = stream
         self.fps = float(stream.average_rate or stream.guessed_rate or 0.0)
+        rate = stream.average_rate or stream.guessed_rate
+        self._rate = Fraction(rate) if rate else None
+        self._cfr = (
+            bool(rate) and stream.base_rate is not None and Fraction(stream.base_rate) == Fraction(rate)
+        )
         total = _estimate_frames(stream)
         if total is not None:
             total = max(0, total - self.start)
@@ -209,6 +222,8 @@ class VideoFileSource(Source[Frame]):
                 raise SourceError(f"{self.path!r} has fewer than start={self.start} frames")
             raise SourceError(f"{self.path!r} contains no frames")
         self._pending = first
+        if self.start:  # corrupt frames among the ``start`` dropped ones leave no gap
+            self._corrupt_seen = self._corrupt
         self.rotation = int(getattr(first, "rotation", 0) or 0)
         w, h = first.width, first.height
         self.width, self.height = (h, w) if _quarter_turns(self.rotation) % 2 else (w, h)
@@ -283,13 +298,36 @@ class VideoFileSource(Source[Frame]):
                 self.length,
             )
 
+    def _true_index(self, av_frame: Any) -> int:
+        """The frame's position in the stream (0 = the first frame after ``start``), not a count of delivered
+        frames: a frame skipped as corrupt leaves a gap, so outputs and prompts stay on the source's frames.
+
+        Constant-frame-rate streams (average rate = base rate): from the timestamp,
+        ``round((pts - first pts) * time_base * rate)``.  Otherwise (variable rate, no timestamps) the previous
+        index + 1, plus the corrupt frames not yet accounted for, placed where the timestamps jump (decoders with
+        B-frames report a damaged packet before the frames that precede it in display order).  Always increasing.
+        """
+        owed = self._corrupt - self._corrupt_seen
+        lowest = self._last_index + 1
+        index = lowest + owed
+        pts, tb, rate = av_frame.pts, av_frame.time_base, self._rate
+        if self._base is None:
+            self._base = (pts, index) if pts is not None else None
+        elif pts is not None and tb is not None and rate:
+            base_pts, base_index = self._base
+            by_pts = base_index + round((pts - base_pts) * Fraction(tb) * rate)
+            index = max(lowest, by_pts) if self._cfr else min(max(lowest, by_pts), lowest + owed)
+        self._corrupt_seen = min(self._corrupt, self._corrupt_seen + (index - lowest))
+        self._last_index = index
+        return index
+
     def read(self) -> Frame | None:
         """The next upright RGB frame, or ``None`` at end of stream, after ``max_frames`` or after interrupt."""
-        if self._stop.is_set() or self._closed:
+        if self._stop.is_set() or self._closed or self._ended:
             return None
         if self._container is None:
             self.open()
-        if self.max_frames is not None and self._delivered >= self.max_frames:
+        if self.max_frames is not None and self._last_index + 1 >= self.max_frames:
             return None
         if self._pending is not None:
             av_frame, self._pending = self._pending, None
@@ -297,6 +335,10 @@ class VideoFileSource(Source[Frame]):
             av_frame = self._next_av_frame()
             if av_frame is None:
                 return None
+        index = self._true_index(av_frame)
+        if self.max_frames is not None and index >= self.max_frames:
+            self._ended = True
+            return None
         image = to_rgb(av_frame)
         rotation = getattr(av_frame, "rotation", 0) or 0
         turns = _quarter_turns(rotation)
@@ -307,7 +349,7 @@ class VideoFileSource(Source[Frame]):
             )
         image = _upright(image, turns)
         frame = Frame(
-            index=self._delivered,
+            index=index,
             image=image,
             pts=av_frame.pts,
             time_base=Fraction(av_frame.time_base) if av_frame.time_base is not None else None,

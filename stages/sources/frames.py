@@ -58,7 +58,8 @@ class FrameDirSource(Source[Frame]):
 
     Raises :class:`SourceError` for a missing path, a path that is not a directory, a directory without images
     and an image whose size differs from the first (naming it).  Unreadable images are skipped and counted in
-    ``stats()["corrupt_frames"]``.  Not thread-safe except :meth:`interrupt`.
+    ``stats()["corrupt_frames"]``; a frame's ``index`` is its file's position in the sorted list (after
+    ``start``), so a skipped image leaves a gap in the indices instead of shifting every later frame.  Not thread-safe except :meth:`interrupt`.
     """
 
     live = False
@@ -130,6 +131,7 @@ class FrameDirSource(Source[Frame]):
             self.open()
         while self._pos < len(self.files):
             path = self.files[self._pos]
+            index = self._pos  # the file's position (after ``start``): a skipped file leaves a gap
             pts = self._pos + self.start
             self._pos += 1
             image = _read_image(path)
@@ -143,7 +145,7 @@ class FrameDirSource(Source[Frame]):
                     f"{self.width}x{self.height}; every frame must have the same size"
                 )
             frame = Frame(
-                index=self._delivered,
+                index=index,
                 image=image,
                 pts=pts,
                 time_base=Fraction(1) / Fraction(self.fps).limit_denominator(1001000) if self.fps else None,

@@ -8,6 +8,7 @@ it from the pipeline, tests drive it with plain calls.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -40,12 +41,35 @@ class InputSpec:
         return max(1, round(src_w * scale)), max(1, round(src_h * scale))
 
 
+class StepAborted(Exception):
+    """Raised by :meth:`TrackerSession.step` when :attr:`TrackerSession.should_stop` turned true part-way: the frame
+    has no result and is dropped (the run is being cancelled; the session is closed next)."""
+
+
 class TrackerSession(ABC):
     """Tracking state for one stream.  Not thread-safe: one thread drives it.
 
     Protocol per frame: zero or more :meth:`add_prompt` / :meth:`remove_object` calls for *this* frame, then one
     :meth:`step`.  Prompt coordinates are in source pixels; the session maps them to its own input size.
+
+    ``should_stop`` (optional, set by the track stage): a callable that turns true when the run is cancelled and
+    the frame being tracked will be discarded anyway.  A session whose :meth:`step` loops over objects should call
+    it between objects and raise :class:`StepAborted` when it returns true, so that a cancel (a second Ctrl-C or
+    SIGTERM) takes effect within one object's time instead of one frame's (many objects can make a frame take
+    seconds).  The SAM-2 session honours it; the classic tracker will (until then it stops between frames).
     """
+
+    should_stop: Callable[[], bool] | None = None
+
+    def stop_requested(self) -> bool:
+        """True when :attr:`should_stop` is set and says so (never raises: a failing callable means no)."""
+        check = self.should_stop
+        if check is None:
+            return False
+        try:
+            return bool(check())
+        except Exception:
+            return False
 
     @abstractmethod
     def add_prompt(self, prompt: Prompt) -> None:

@@ -143,6 +143,82 @@ def _rgb(values: Any, key: str) -> tuple[float, float, float]:
     return r, g, b
 
 
+#: Valid range of every integer field (inclusive).  Generous (SAM 2.1 large: image 1024, grid 64, D 256, M 64,
+#: T 4096, C 2..16, N 6, Q <= 31), but finite: a value outside is a damaged or hand-edited manifest, and would
+#: otherwise surface mid-run as a huge allocation or a shape error deep in a runtime.
+INT_RANGES: dict[str, tuple[int, int]] = {
+    "image_size": (16, 4096),
+    "grid": (1, 512),
+    "hidden_dim": (1, 8192),
+    "mem_dim": (1, 8192),
+    "tokens_per_slot": (1, 65536),
+    "mask_size": (1, 4096),
+    "cond_slots": (1, 64),
+    "recent_slots": (0, 64),
+    "pointer_slots": (1, 128),
+    "max_object_pointers": (1, 128),
+    "num_maskmem": (1, 65),
+    "opset": (7, 64),
+}
+#: Most bytes one object's memory bank (``[C + N, T, M]`` float32) may take.
+MAX_BANK_BYTES = 2**30
+DTYPES = ("float32", "float16", "float16-mixed")
+
+
+def _check_fields(d: dict[str, Any], path: Path) -> None:
+    """Every integer field is an integer in its :data:`INT_RANGES` range (ConfigError naming the field)."""
+    for key, (lo, hi) in INT_RANGES.items():
+        if key not in d and key == "opset":
+            continue
+        value = d.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise ConfigError(
+                f"{path}: {key!r} must be an integer in {lo}..{hi}, got {value!r}; the manifest is damaged: "
+                f"re-run 'vostream export'"
+            )
+
+
+def _check_manifest(m: Manifest, path: Path, model_dir: Path) -> None:
+    """Cross-field rules and graph files that stay inside the model directory."""
+    if m.recent_slots != m.num_maskmem - 1:
+        raise ConfigError(
+            f"{path}: 'recent_slots' ({m.recent_slots}) must be 'num_maskmem' - 1 ({m.num_maskmem - 1})"
+        )
+    if m.pointer_slots != m.cond_slots + m.max_object_pointers - 1:
+        raise ConfigError(
+            f"{path}: 'pointer_slots' ({m.pointer_slots}) must be 'cond_slots' + 'max_object_pointers' - 1 "
+            f"({m.cond_slots + m.max_object_pointers - 1})"
+        )
+    bank = m.key_slots * m.tokens_per_slot * m.mem_dim * 4
+    if bank > MAX_BANK_BYTES:
+        raise ConfigError(
+            f"{path}: 'cond_slots' + 'recent_slots' x 'tokens_per_slot' x 'mem_dim' make a {bank / 2**30:.1f} GiB "
+            f"memory bank per object (at most {MAX_BANK_BYTES / 2**30:.0f} GiB); the manifest is damaged"
+        )
+    if m.dtype not in DTYPES:
+        raise ConfigError(f"{path}: 'dtype' must be one of {', '.join(DTYPES)}, got {m.dtype!r}")
+    root = model_dir.resolve()
+    for name, g in m.graphs.items():
+        where = f"{path}: graphs.{name}.file"
+        if not g.file or Path(g.file).is_absolute() or ".." in Path(g.file).parts:
+            raise ConfigError(
+                f"{where} {g.file!r} must be a file name inside the model directory {model_dir}"
+            )
+        if not (root / g.file).resolve().is_relative_to(root):
+            raise ConfigError(
+                f"{where} {g.file!r} leads outside the model directory {model_dir} (a symlink?)"
+            )
+        for t in (*g.inputs, *g.outputs):
+            for v in t.shape:
+                if isinstance(v, bool) or not (
+                    isinstance(v, str) or (isinstance(v, int) and 0 <= v <= 2**31)
+                ):
+                    raise ConfigError(
+                        f"{path}: graphs.{name} tensor {t.name!r} has a bad shape {list(t.shape)!r} "
+                        f"(each axis an integer 0..2**31 or a symbol)"
+                    )
+
+
 def load_manifest(model_dir: str | Path) -> Manifest:
     """Read and validate ``model_dir/manifest.json``.  Raises :class:`ConfigError` with a one-line reason."""
     model_dir = Path(model_dir)
@@ -172,6 +248,7 @@ def load_manifest(model_dir: str | Path) -> Manifest:
             f"{path} was written by vostream {d.get('vostream_version') or '?'} (format {version}); "
             f"this vostream reads format <= {FORMAT_VERSION}: upgrade vostream"
         )
+    _check_fields(d, path)
     try:
         graphs = {name: GraphSpec.from_json(name, g) for name, g in d["graphs"].items()}
         m = Manifest(
@@ -205,6 +282,7 @@ def load_manifest(model_dir: str | Path) -> Manifest:
     missing = [g for g in GRAPHS if g not in graphs]
     if missing:
         raise ConfigError(f"{path}: graphs missing from the manifest: {', '.join(missing)}")
+    _check_manifest(m, path, model_dir)
     return m
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from vostream.pipeline.errors import BackendError, PromptError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 
-from ..base import TrackerSession
+from ..base import StepAborted, TrackerSession
 from .manifest import Manifest
 from .runtime import DeviceBuffer, Runtime, TransferStats
 
@@ -315,8 +315,13 @@ class Sam2Session(TrackerSession):
                 self._objects[oid] = self._new_object(oid)
         any_input = bool(inputs)
         now = self._steps
-        ids, logits, scores, present = [], [], [], []
+        ids: list[int] = []
+        logits, scores, present = [], [], []
         for oid, obj in self._objects.items():
+            if self.stop_requested():  # a cancel lands between objects, not after the whole frame
+                raise StepAborted(
+                    f"frame {frame.index}: stopped after {len(ids)} of {len(self._objects)} objects"
+                )
             inp = inputs.get(oid)
             lo, sc, pr = self._step_object(obj, inp, now, any_input)
             ids.append(oid)

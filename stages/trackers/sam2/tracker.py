@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,14 @@ class _LockedSession(TrackerSession):
     def __init__(self, inner: Sam2Session, lock: threading.Lock) -> None:
         self.inner = inner
         self.lock = lock
+
+    @property  # type: ignore[override]
+    def should_stop(self) -> Callable[[], bool] | None:
+        return self.inner.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: Callable[[], bool] | None) -> None:
+        self.inner.should_stop = value  # checked by the inner session between objects
 
     def add_prompt(self, prompt: Prompt) -> None:
         self.inner.add_prompt(prompt)
