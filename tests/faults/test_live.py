@@ -165,3 +165,54 @@ def test_ctrl_c_with_a_relay_that_stopped_reading(tmp_path: Path) -> None:
     rtsp = {n["name"]: n for n in summary["metrics"]["nodes"]}["rtsp"]["extra"]
     assert rtsp["stalls"] >= 1 and "stopped reading" in rtsp["last_stall"]
     assert rtsp["sent"] >= 1
+
+
+@needs_server
+def test_live_mp4_follows_real_time_across_an_outage(tmp_path: Path) -> None:
+    """A live run with the camera away for 2 s in the middle: the MP4 is written on the capture clock, so its
+    duration matches the wall time (within 10 %) and the outage is a gap in its timestamps."""
+    out = tmp_path / "run"
+    with RtspServer(noise_clip(160, 120, 600)) as server:
+        server.start()
+        proc = harness.start_cli(
+            [
+                "track",
+                server.url,
+                "--point",
+                "80,60",
+                "--out",
+                out,
+                "--save",
+                "video,mot",
+                "--read-timeout",
+                "1",
+            ],
+            timeout=60,
+        )
+        err = Lines(proc.stderr)
+        try:
+            assert harness.wait_for(lambda: established(server.port), 30), "the source never connected"
+            first = time.monotonic()
+            time.sleep(2.0)
+            server.kill()
+            time.sleep(2.0)
+            server.start()
+            assert harness.wait_for(lambda: established(server.port), 10), "the source never reconnected"
+            time.sleep(2.0)
+            last = time.monotonic()
+            harness.signal_child(proc, signal.SIGINT)
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+    err.thread.join(5)
+    assert proc.returncode == 130, "".join(err.lines)[-2000:]
+    with av.open(str(out / "overlay.mp4")) as video:
+        stream = video.streams.video[0]
+        times = sorted(float(p.pts * stream.time_base) for p in video.demux(stream) if p.pts is not None)
+    duration = times[-1] - times[0]
+    wall = last - first
+    assert abs(duration - wall) <= 0.1 * wall, (duration, wall)
+    gaps = np.diff(times)
+    assert gaps.max() >= 1.5, gaps.max()  # the outage (2 s, less the time to notice and reconnect)
