@@ -62,8 +62,9 @@ class StateEvent:
 class ReconnectPolicy:
     """Exponential backoff with jitter between reconnect attempts.
 
-    Attempt ``k`` (1 = the first retry after a loss) waits ``min(max_s, initial_s * factor**(k-1))`` scaled by a
-    random factor in ``[1 - jitter, 1 + jitter]``.  ``max_attempts``: failed attempts in a row before giving up
+    Attempt ``k`` (1 = the first retry after a loss) waits ``base = min(max_s, initial_s * factor**(k-1))`` scaled
+    by a random factor in ``[1 - jitter, 1 + jitter]``, never more than ``max_s``: ``max_s`` is a hard cap, so a
+    server that comes back is retried within ``max_s`` (live sources: 1 s by default, :data:`LIVE_RECONNECT`).  ``max_attempts``: failed attempts in a row before giving up
     (``None``: never give up).  Raises :class:`ConfigError` for values out of range.
     """
 
@@ -93,8 +94,14 @@ class ReconnectPolicy:
         """Seconds to wait before retry number ``attempt`` (1-based)."""
         base = min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1))
         if self.jitter:
-            base *= 1.0 + (rng or random).uniform(-self.jitter, self.jitter)
+            lo, hi = base * (1.0 - self.jitter), min(self.max_s, base * (1.0 + self.jitter))
+            base = (rng or random).uniform(lo, hi)
         return max(0.0, base)
+
+
+#: The default backoff of live sources: 0.5 s, 1 s, then every 1 s (× jitter down to 0.75 s): a camera or server
+#: that returns after an outage of any length is picked up within about a second plus the connect time.
+LIVE_RECONNECT = ReconnectPolicy(initial_s=0.5, max_s=1.0)
 
 
 class SourceSupervisor:
@@ -226,6 +233,7 @@ __all__ = [
     "STATES",
     "TRANSITIONS",
     "StateEvent",
+    "LIVE_RECONNECT",
     "ReconnectPolicy",
     "SourceSupervisor",
 ]

@@ -23,11 +23,14 @@ by :meth:`RtspSink.close` (idempotent).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
+from urllib.parse import urlsplit
 
 import av
 import cv2
@@ -54,7 +57,10 @@ class RtspSinkSpec(SinkSpec[Frame]):
     encoder's nominal rate (default 25).  ``bitrate`` (bits/s; ``None``: x264's CRF 23), ``gop`` (frames between
     keyframes; default ``fps``: a late joiner waits at most a second), ``preset``/``tune`` (x264; default
     ``ultrafast``/``zerolatency``).  ``lost_after_s``: no picture for this long shows the banner.  ``reconnect``:
-    backoff when the server is away.  ``options``: extra encoder options.
+    backoff when the server is away.  ``write_timeout``: a write to the server that has not completed after this
+    many seconds means the server stopped reading (a paused relay): the connection is dropped and reconnected,
+    and :meth:`RtspSink.close` never waits much longer than this for the publisher.  ``options``: extra encoder
+    options.
     """
 
     url: str
@@ -68,6 +74,7 @@ class RtspSinkSpec(SinkSpec[Frame]):
     lost_after_s: float = 1.0
     banner: str = "SOURCE LOST"
     open_timeout: float = 2.0
+    write_timeout: float = 2.0
     reconnect: ReconnectPolicy = ReconnectPolicy(initial_s=0.5, max_s=5.0)
     alpha: float = 0.5
     contours: bool = True
@@ -88,6 +95,10 @@ class RtspSinkSpec(SinkSpec[Frame]):
             raise ConfigError(f"rtsp output {self.url}: bitrate must be positive bits/s, got {self.bitrate}")
         if self.gop is not None and self.gop < 1:
             raise ConfigError(f"rtsp output {self.url}: gop must be >= 1 frame, got {self.gop}")
+        if not self.write_timeout > 0:
+            raise ConfigError(
+                f"rtsp output {self.url}: write_timeout must be positive seconds, got {self.write_timeout}"
+            )
         if not self.lost_after_s > 0:
             raise ConfigError(
                 f"rtsp output {self.url}: lost_after_s must be positive, got {self.lost_after_s}"
@@ -117,10 +128,47 @@ def draw_banner(image: np.ndarray, text: str) -> np.ndarray:
     return out
 
 
+def _server_sockets(host: str, port: int) -> dict[int, socket.socket]:
+    """This process's TCP sockets connected to ``host:port``, as duplicates keyed by the socket's inode (Linux's
+    ``/proc/self/fd``; elsewhere empty).  The caller closes the duplicates."""
+    try:
+        addrs = {info[4][0] for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return {}
+    found: dict[int, socket.socket] = {}
+    for name in fds:
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+            if not link.startswith("socket:["):
+                continue
+            dup = socket.socket(fileno=os.dup(int(name)))
+        except (OSError, ValueError):
+            continue
+        try:
+            peer = dup.getpeername() if dup.type == socket.SOCK_STREAM else None
+        except OSError:
+            peer = None
+        inode = int(link[8:-1])
+        if peer and peer[0] in addrs and peer[1] == port and inode not in found:
+            found[inode] = dup
+        else:
+            dup.close()
+    return found
+
+
 class _Publisher:
-    """One connection to the server: container + H.264 stream.  Used by the publisher thread only."""
+    """One connection to the server: container + H.264 stream.  Used by the publisher thread only, except
+    :meth:`abort` (any thread), which shuts the connection's TCP sockets down so that a write blocked on a server
+    that stopped reading fails at once (FFmpeg's RTSP muxer has no write timeout and PyAV no interrupt for
+    writers)."""
 
     def __init__(self, spec: RtspSinkSpec, width: int, height: int) -> None:
+        parts = urlsplit(spec.url)
+        host, port = parts.hostname or "", parts.port or 554
+        before = _server_sockets(host, port)
+        for dup in before.values():
+            dup.close()
         self.container: Any = av.open(
             spec.url,
             "w",
@@ -150,6 +198,24 @@ class _Publisher:
             self.container.close()
             raise
         self.last_pts = -1
+        # The connection's own sockets: those to the server that did not exist before it was opened.
+        self._sockets = [dup for inode, dup in _server_sockets(host, port).items() if inode not in before]
+        self._lock = threading.Lock()
+
+    def abort(self) -> None:
+        """Shut the connection's sockets down: a blocked write returns with an error.  Any thread."""
+        with self._lock:
+            for dup in self._sockets:
+                try:
+                    dup.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _release(self) -> None:
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for dup in sockets:
+            dup.close()
 
     def send(self, image: np.ndarray, pts: int) -> None:
         frame = av.VideoFrame.from_ndarray(image, format="rgb24")
@@ -170,6 +236,7 @@ class _Publisher:
             self.container.close()
         except (av.error.FFmpegError, OSError) as err:
             logger.debug("rtsp output: closing failed: %s", err)
+        self._release()
 
 
 class RtspSink(Sink[Frame]):
@@ -184,6 +251,11 @@ class RtspSink(Sink[Frame]):
         self._slot: np.ndarray | None = None  # the next picture to send (guarded by _cond)
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
+        self._watch_stop = threading.Event()
+        self._pub: _Publisher | None = None  # the publisher thread's connection, for the watchdog
+        self._busy_since: float | None = None  # monotonic start of the write in progress (publisher thread)
+        self._stuck: str | None = None  # set by the watchdog: the server stopped reading
         self._size: tuple[int, int] | None = None
         self._closed = False
         self._opened = False
@@ -196,6 +268,7 @@ class RtspSink(Sink[Frame]):
         self.encode_cpu_s = 0.0
         self.encoded = 0
         self.error: str | None = None
+        self.last_stall: str | None = None
 
     def open(self) -> None:
         """Check the encoder and start the publisher thread.  Raises :class:`OutputError`."""
@@ -214,6 +287,25 @@ class RtspSink(Sink[Frame]):
             target=self._run, name=f"vostream-rtsp-out-{self.spec.name}", daemon=True
         )
         self._thread.start()
+        self._watch_stop.clear()
+        self._watchdog = threading.Thread(
+            target=self._watch, name=f"vostream-rtsp-watchdog-{self.spec.name}", daemon=True
+        )
+        self._watchdog.start()
+
+    def _watch(self) -> None:
+        """A write that has not completed for ``write_timeout``: the server stopped reading.  Say so and shut the
+        connection down, so that the publisher's write fails and it reconnects."""
+        timeout = self.spec.write_timeout
+        while not self._watch_stop.wait(min(0.25, timeout / 4)):
+            since, pub = self._busy_since, self._pub
+            if since is None or pub is None or self._stuck is not None:
+                continue
+            if time.monotonic() - since >= timeout:
+                self._stuck = f"the server stopped reading: a write did not complete in {timeout:g} s"
+                self.error = self.last_stall = self._stuck
+                logger.warning("rtsp output %s: %s; dropping the connection", self.spec.url, self._stuck)
+                pub.abort()
 
     def write(self, frame: Frame) -> None:
         """Draw the overlay and hand the picture to the publisher (never blocks on the network)."""
@@ -272,7 +364,7 @@ class RtspSink(Sink[Frame]):
                     if now < next_attempt:
                         self.dropped_offline += 0 if stub else 1
                         continue
-                    pub = self._connect(image.shape[1], image.shape[0])
+                    pub = self._pub = self._connect(image.shape[1], image.shape[0])
                     if pub is None:
                         delay = self.supervisor.lost(self.error or "cannot connect", failed_attempt=True)
                         next_attempt = now + (delay if delay is not None else spec.reconnect.max_s)
@@ -280,16 +372,24 @@ class RtspSink(Sink[Frame]):
                         continue
                 cpu = time.thread_time()
                 try:
+                    self._busy_since = time.monotonic()
                     pub.send(image, round((now - t0) / TIME_BASE))
                 except (av.error.FFmpegError, OSError) as err:
-                    self.error = f"{type(err).__name__}: {err}"
-                    logger.warning("rtsp output %s: the server went away (%s); reconnecting", spec.url, err)
+                    stuck, self._stuck = self._stuck, None
+                    self.error = stuck or f"{type(err).__name__}: {err}"
+                    if not stuck:
+                        logger.warning(
+                            "rtsp output %s: the server went away (%s); reconnecting", spec.url, err
+                        )
+                    self._pub = None
                     pub.close(flush=False)
                     pub = None
-                    delay = self.supervisor.lost(self.error)
-                    next_attempt = now + (delay if delay is not None else spec.reconnect.max_s)
+                    delay = self.supervisor.lost(self.error, stalled=stuck is not None)
+                    next_attempt = time.monotonic() + (delay if delay is not None else spec.reconnect.max_s)
                     self.dropped_offline += 0 if stub else 1
                     continue
+                finally:
+                    self._busy_since = None
                 self.encode_cpu_s += time.thread_time() - cpu
                 self.encoded += 1
                 last_sent = now
@@ -301,8 +401,12 @@ class RtspSink(Sink[Frame]):
             self.error = f"{type(err).__name__}: {err}"
             logger.exception("rtsp output %s: publisher failed", spec.url)
         finally:
+            self._busy_since = None
             if pub is not None:
+                self._busy_since = time.monotonic()  # the flush may block too: the watchdog covers it
                 pub.close(flush=True)
+                self._busy_since = None
+            self._pub = None
             self.supervisor.end("closed")
 
     def _connect(self, width: int, height: int) -> _Publisher | None:
@@ -320,7 +424,10 @@ class RtspSink(Sink[Frame]):
         return pub
 
     def close(self) -> None:
-        """Stop the publisher: send what is pending, flush the encoder, tear the session down.  Idempotent."""
+        """Stop the publisher: send what is pending, flush the encoder, tear the session down.  Idempotent.
+
+        Bounded: a server that stopped reading is cut off by the watchdog after ``write_timeout``; should the
+        publisher still not stop, it is abandoned (a daemon thread) and ``stats()["error"]`` says so."""
         if self._closed:
             return
         self._closed = True
@@ -328,16 +435,32 @@ class RtspSink(Sink[Frame]):
             self._stop = True
             self._cond.notify()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(self.spec.write_timeout + 1.0)
+            if self._thread.is_alive():
+                pub = self._pub
+                if pub is not None:
+                    pub.abort()
+                self._thread.join(2.0)
+            if self._thread.is_alive():
+                self.error = (
+                    f"the publisher did not stop within {self.spec.write_timeout + 3.0:g} s; abandoned"
+                )
+                logger.error("rtsp output %s: %s", self.spec.url, self.error)
             self._thread = None
+        self._watch_stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join()
+            self._watchdog = None
 
     def stats(self) -> dict[str, Any]:
         """``received``, ``sent`` (input pictures published), ``stub_frames`` (banner frames), ``dropped``
         (replaced before sending), ``dropped_offline`` (server away), ``reconnects``, ``state``,
+        ``stalls`` (the server stopped reading for ``write_timeout``),
         ``encode_cpu_ms`` (mean CPU time per encoded frame, this thread), ``error`` (the last one)."""
         snap = self.supervisor.snapshot()
         return {
-            "state": snap["state"],
+            "state": "stalled" if self._stuck is not None else snap["state"],
+            "stalls": snap["stalls"],
             "received": self.received,
             "sent": self.sent,
             "stub_frames": self.stub_frames,
@@ -347,6 +470,7 @@ class RtspSink(Sink[Frame]):
             "connect_attempts": snap["attempts"],
             "encode_cpu_ms": round(1e3 * self.encode_cpu_s / self.encoded, 3) if self.encoded else None,
             "error": self.error,
+            "last_stall": self.last_stall,
         }
 
 

@@ -35,14 +35,18 @@ _FORMAT_FOR_EXT = {
     ".avi": "avi",
 }
 DEFAULT_FPS = 25
+#: time base of videos written on the capture clock (clock="capture")
+CAPTURE_TIME_BASE = Fraction(1, 90000)
 
 
 @dataclass(frozen=True)
 class VideoSinkSpec(SinkSpec[Frame]):
     """Settings of an annotated video file.  Inert and picklable; :meth:`build` makes the :class:`VideoSink`.
 
-    ``fps=None`` keeps the frames' own timestamps; a number forces a constant rate.  ``crf``/``preset`` apply
-    to libx264; ``options`` are extra encoder options.
+    ``fps=None`` keeps the frames' own timestamps; a number forces a constant rate.  ``clock="capture"`` (live
+    sources) takes each frame's time from its capture clock (``Frame.capture_time``, wall seconds) on a 90 kHz
+    time base instead, so the video plays in real time: dropped frames and outages stay gaps, and ``fps`` is then
+    only the nominal rate.  ``crf``/``preset`` apply to libx264; ``options`` are extra encoder options.
     """
 
     path: str | os.PathLike[str]
@@ -55,6 +59,7 @@ class VideoSinkSpec(SinkSpec[Frame]):
     contours: bool = True
     labels: bool = True
     options: dict[str, str] = field(default_factory=dict)
+    clock: str = "source"
     name: str = "video"
     policy: str | None = None
     queue_size: int = 8
@@ -62,6 +67,10 @@ class VideoSinkSpec(SinkSpec[Frame]):
     def __post_init__(self) -> None:
         if self.fps is not None and not self.fps > 0:
             raise ConfigError(f"video sink {self.path}: fps must be positive, got {self.fps}")
+        if self.clock not in ("source", "capture"):
+            raise ConfigError(
+                f"video sink {self.path}: clock must be 'source' or 'capture', got {self.clock!r}"
+            )
         if Path(self.path).suffix.lower() not in _FORMAT_FOR_EXT:
             raise ConfigError(
                 f"video sink {self.path}: unknown container; use one of {', '.join(sorted(_FORMAT_FOR_EXT))}"
@@ -86,6 +95,8 @@ class VideoSink(Sink[Frame]):
         self._time_base: Fraction | None = None
         self._use_source_pts = spec.fps is None
         self._last_pts: int | None = None
+        self._capture_clock = spec.clock == "capture"
+        self._t0: float | None = None  # capture time of the first frame (clock="capture")
         self._written = 0
         self._closed = False
 
@@ -131,7 +142,9 @@ class VideoSink(Sink[Frame]):
         rate = Fraction(self.spec.fps or DEFAULT_FPS).limit_denominator(1001000)
         stream = self._container.add_stream(self.spec.codec, rate=rate)
         stream.width, stream.height, stream.pix_fmt = w, h, self.spec.pix_fmt
-        if self._use_source_pts:
+        if self._capture_clock:
+            self._time_base = CAPTURE_TIME_BASE
+        elif self._use_source_pts:
             self._time_base = Fraction(frame.time_base)  # type: ignore[arg-type]
         else:
             self._time_base = 1 / rate
@@ -171,7 +184,11 @@ class VideoSink(Sink[Frame]):
         self._written += 1
 
     def _next_pts(self, frame: Frame) -> int:
-        if self._use_source_pts and frame.pts is not None and frame.time_base == self._time_base:
+        if self._capture_clock:
+            if self._t0 is None:
+                self._t0 = frame.capture_time
+            pts = round((frame.capture_time - self._t0) / CAPTURE_TIME_BASE)
+        elif self._use_source_pts and frame.pts is not None and frame.time_base == self._time_base:
             pts = int(frame.pts)
         elif (
             self._use_source_pts

@@ -7,7 +7,9 @@ from __future__ import annotations
 import errno
 import functools
 import http.server
+import json
 import random
+import socket
 import socketserver
 import threading
 import time
@@ -431,3 +433,79 @@ def test_http_stream_end_is_a_disconnect(tmp_path: Path) -> None:
     missing = LiveSource(url.replace("clip.ts", "nope.ts"), open_timeout=2)
     with pytest.raises(SourceError, match="cannot connect to http://"):
         missing.open()
+
+
+@needs_server
+def test_a_returning_server_is_picked_up_within_a_second(rtsp_server: RtspServer) -> None:
+    """Default backoff of a live source (no policy given): after a 4 s outage the backoff would have grown to
+    seconds; it is capped at 1 s, so the first new frame arrives < 1.5 s after the server is back."""
+    source = LiveSource(rtsp_server.url, read_timeout=2)
+    source.open()
+    frames: list[Any] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            f = source.read()
+            if f is None:
+                return
+            frames.append(f)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        assert _wait(lambda: len(frames) >= 10, 10)
+        rtsp_server.kill()
+        time.sleep(4.0)  # the outage: reconnect attempts fail meanwhile
+        rtsp_server.start()  # same port; returns once the server listens
+        back = time.time()
+        assert _wait(lambda: frames[-1].capture_time > back, 8), "never reconnected"
+        picked_up = next(f for f in frames if f.capture_time > back).capture_time - back
+    finally:
+        stop.set()
+        source.interrupt()
+        thread.join(5)
+        source.close()
+    assert picked_up < 1.5, picked_up
+    delays = [e.delay_s for e in source.supervisor.events if e.state == RECONNECTING]
+    assert len(delays) >= 4 and max(delays) <= 1.0, delays
+
+
+def _wait(predicate: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@needs_server
+def test_track_waits_for_a_source_that_is_not_up_yet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--wait-for-source``: `track` started before the server retries the first connection and runs once the
+    server appears; without it (or once the wait is over) it fails in one line."""
+    from vostream.pipeline.apps.cli import main
+
+    server = RtspServer(scene_clip())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    url = f"rtsp://127.0.0.1:{port}/live"
+    starter = threading.Timer(1.5, lambda: server.start(port))
+    starter.start()
+    try:
+        args = ["track", url, "--point", "160,120", "--max-frames", "10", "--save", "mot", "-q"]
+        rc = main([*args, "--out", str(tmp_path / "run"), "--wait-for-source", "20"])
+    finally:
+        starter.join()
+        server.close()
+    assert rc == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    decode = {n["name"]: n for n in summary["metrics"]["nodes"]}["decode"]["extra"]
+    assert decode["frames"] == 10
+    t0 = time.monotonic()
+    rc = main([*args, "--out", str(tmp_path / "run2"), "--wait-for-source", "1.5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 3 and "still not reachable after waiting" in err[-1] and time.monotonic() - t0 < 10

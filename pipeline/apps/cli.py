@@ -250,7 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="failed reconnects in a row before giving up (default: never give up)",
     )
     g.add_argument(
-        "--reconnect-max-delay", type=float, metavar="S", help="cap of the reconnect backoff (default 10)"
+        "--reconnect-max-delay", type=float, metavar="S", help="cap of the reconnect backoff (default 1)"
+    )
+    g.add_argument(
+        "--wait-for-source",
+        type=float,
+        metavar="S",
+        help="keep retrying the first connection for S seconds, for a camera or server not up yet "
+        "(default 0: fail at once); --reconnect-attempts also limits these retries",
     )
     g.add_argument(
         "--rtsp-out-bitrate", type=int, metavar="BPS", help="RTSP output bitrate (default: CRF 23)"
@@ -379,6 +386,7 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
         "read_timeout": args.read_timeout,
         "reconnect_attempts": args.reconnect_attempts,
         "reconnect_max_delay": args.reconnect_max_delay,
+        "wait_for_source": args.wait_for_source,
         "rtsp_out_bitrate": args.rtsp_out_bitrate,
         "rtsp_out_gop": args.rtsp_out_gop,
         "prompts": prompts,

@@ -72,7 +72,8 @@ class TrackSettings:
     open_timeout: float = 10.0  # seconds to connect to a live source
     read_timeout: float = 3.0  # seconds without packets before a live source counts as stalled
     reconnect_attempts: int | None = None  # failed reconnects in a row before giving up; None: never
-    reconnect_max_delay: float = 10.0  # cap of the exponential backoff, seconds
+    reconnect_max_delay: float = 1.0  # cap of the exponential backoff, seconds (a returning feed within ~1 s)
+    wait_for_source: float = 0.0  # seconds to keep retrying the first connection (0: fail at once)
     live_queue_size: int = 1  # capacity of the stage queues for a live source (latest-wins)
     rtsp_out_bitrate: int | None = None  # bits/s; None: constant quality
     rtsp_out_gop: int | None = None  # frames between keyframes; None: one second
@@ -144,6 +145,12 @@ def _check_type(key: str, value: Any, where: str) -> Any:
             value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
             "an integer >= 1",
         )
+    elif key == "wait_for_source":
+        want(
+            isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf"),
+            "a number of seconds >= 0",
+        )
+        return float(value)
     elif key in ("open_timeout", "read_timeout", "reconnect_max_delay", "max_queue_mib"):
         want(
             isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, "a positive number"

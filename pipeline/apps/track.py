@@ -102,8 +102,13 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
     try:  # a failure from here on must not leak the tracker's graphs and device memory
         source = live_source or open_source(settings.source, max_frames=settings.max_frames)
         queue_size = settings.live_queue_size if live_source is not None else settings.queue_size
+        # A live feed's video is written on the capture clock (real time: drops and outages stay gaps); a file's
+        # at its constant rate.
+        clock: dict[str, Any] = (
+            {"fps": None, "clock": "capture"} if live_source is not None else {"fps": info.fps}
+        )
         sinks = (
-            build_file_sinks(out_dir, settings.save, fps=info.fps, source_name=Path(settings.source).name)
+            build_file_sinks(out_dir, settings.save, source_name=Path(settings.source).name, **clock)
             if out_dir is not None
             else []
         )
@@ -180,6 +185,7 @@ def open_live_for_track(settings: TrackSettings) -> tuple[LiveSource, VideoInfo,
         read_timeout=settings.read_timeout,
         reconnect=policy,
         max_frames=settings.max_frames,
+        wait_first=settings.wait_for_source if settings.wait_for_source > 0 else False,
     )
     # Probe with a connection of its own and close it: the pipeline's source connects when the pipeline starts,
     # so frames buffered while the tracker loads do not arrive as a stale burst.
