@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-W, H, COUNT, BAD = 96, 64, 20, 10
+W, H, COUNT, BAD = 192, 128, 20, 10
 
 
 def _iou(a: np.ndarray, b: np.ndarray) -> float:
@@ -72,23 +72,30 @@ def test_corrupt_frame_keeps_its_index_in_every_output(tmp_path: Path, kind: str
     assert names == [f"{i:05d}.png" for i in range(COUNT) if i != BAD]
     labels = np.asarray(Image.open(out / "masks" / "00011.png"))
     truth = media.square_mask(11, W, H)
-    assert _iou(labels == 1, truth) > 0.8 > _iou(labels == 1, media.square_mask(12, W, H))
+    # (relative checks: what is under test is which frame a mask belongs to, not the tracker's accuracy)
+    assert _iou(labels == 1, truth) > max(0.5, _iou(labels == 1, media.square_mask(12, W, H)) + 0.1)
     # JSON: a null entry at the missing index, every list aligned with the source frames
     doc = json.loads((out / "annotations.json").read_text())
     assert doc["videos"][0]["length"] == COUNT
     anns = {a["id"]: a for a in doc["annotations"]}
     assert anns[1]["segmentations"][BAD] is None and anns[1]["bboxes"][BAD] is None
-    assert _iou(_rle_mask(anns[1]["segmentations"][11]), truth) > 0.8
-    assert abs(anns[1]["bboxes"][11][0] - media.square_box(11, W, H)[0]) <= 1
+    json11 = _rle_mask(anns[1]["segmentations"][11])
+    assert _iou(json11, truth) > max(0.5, _iou(json11, media.square_mask(12, W, H)) + 0.1)
+    x11 = anns[1]["bboxes"][11][0]
+    assert abs(x11 - media.square_box(11, W, H)[0]) < abs(x11 - media.square_box(12, W, H)[0])
     # the prompt on frame 12 was applied to source frame 12 (not to frame 13 shifted into its place)
     assert all(s is None for s in anns[2]["segmentations"][:12])
-    assert _iou(_rle_mask(anns[2]["segmentations"][12]), media.square_mask(12, W, H)) > 0.8
+    json12 = _rle_mask(anns[2]["segmentations"][12])
+    assert _iou(json12, media.square_mask(12, W, H)) > max(
+        0.5, _iou(json12, media.square_mask(13, W, H)) + 0.1
+    )
     # MOT: no rows for the missing frame (1-based), rows of the others on their own frame's box
     rows = [line.split(",") for line in (out / "mot.txt").read_text().splitlines()]
     with_rows = {int(r[0]) for r in rows}
     assert BAD + 1 not in with_rows and set(range(1, 14)) - {BAD + 1} <= with_rows
     row12 = next(r for r in rows if r[0] == "12" and r[1] == "1")  # frame index 11
-    assert abs(float(row12[2]) - media.square_box(11, W, H)[0]) <= 1
+    x = float(row12[2])
+    assert abs(x - media.square_box(11, W, H)[0]) < abs(x - media.square_box(12, W, H)[0])
 
 
 # -- object ids and object counts -------------------------------------------------------------------------------
