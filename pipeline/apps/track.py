@@ -291,7 +291,10 @@ def run_track(settings: TrackSettings) -> RunReport:
         report = _run_with_progress(pipe, facts["frames_expected"] or settings.max_frames, settings.quiet)
     except VostreamError as exc:
         if pipe.report is not None and facts["out"]:  # the run failed part-way: record what was done
-            write_summary(Path(facts["out"]) / "summary.json", facts, pipe.report, error=str(exc))
+            try:
+                write_summary(Path(facts["out"]) / "summary.json", facts, pipe.report, error=str(exc))
+            except VostreamError as summary_exc:  # e.g. the disk is still full: report the run's own error
+                logger.warning("%s", summary_exc)
         raise
     finally:
         if timer is not None:

@@ -1,0 +1,78 @@
+"""Fault tests of the outputs (issue 12, "outputs and files"): a full disk, temporary files, stale or shared output
+directories, signals during writes, unbounded reads of user files, the export check."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import harness
+import media
+import numpy as np
+
+W, H = 160, 96
+
+
+@functools.cache
+def noise_clip(count: int = 100) -> Path:
+    """Random frames: they compress badly, so the annotated video is large and fills a small disk."""
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 255, (H, W, 3), dtype=np.uint8) for _ in range(count)]
+    return media.make_video(media.media_dir() / f"noise-{count}.mp4", frames)
+
+
+def fill_disk(root: Path, leave: int) -> None:
+    """Fill the small disk ``root`` so that only about ``leave`` bytes stay free."""
+    st = os.statvfs(root)
+    free = st.f_bavail * st.f_frsize
+    with open(root / "filler", "wb") as f:
+        f.write(b"\0" * max(0, free - leave))
+
+
+def batch_prompts(directory: Path, video: Path) -> Path:
+    path = directory / "clicks.csv"
+    path.write_text(f"video,frame,obj_id,x,y,label\n{video.name},0,1,40,48,1\n")
+    return path
+
+
+# -- 1. a full disk while the video is written ------------------------------------------------------------------
+
+
+def test_full_disk_video_track_exits_4_with_summary(tmp_path):
+    """The disk fills before the MP4's first block (with its header) reaches it: the muxer used to be flushed into
+    again on close and PyAV crashed (SIGSEGV, exit 139).  Now: exit 4 naming overlay.mp4, no temporary file,
+    summary.json written with the error."""
+    with harness.small_disk() as disk:
+        fill_disk(disk, 8 * 1024)
+        out = disk / "out"
+        r = harness.run_cli(["track", noise_clip(), "--point", "40,48", "--out", out, "--save", "video"])
+        assert r.returncode == 4, (r.returncode, r.stderr[-2000:])
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("vostream: error:") and "overlay.mp4" in last and "No space left" in last, last
+        assert "Traceback" not in r.stderr
+        assert harness.leftovers(disk) == []
+        assert not (out / "overlay.mp4").exists()
+        summary = json.loads((out / "summary.json").read_text())
+        assert "overlay.mp4" in summary["error"] and summary["frames"] > 0
+
+
+def test_full_disk_video_annotate_inline_writes_summary(tmp_path):
+    """The same under ``annotate --workers 0`` (the video runs in the CLI process): no crash; the video is failed
+    in summary.json with the reason; exit 1 (a video failed)."""
+    video = media.copy_to(noise_clip(), tmp_path)
+    prompts = batch_prompts(tmp_path, video)
+    with harness.small_disk() as disk:
+        fill_disk(disk, 8 * 1024)
+        out = disk / "ann"
+        r = harness.run_cli(
+            ["annotate", video, "--prompts", prompts, "--out", out, "--workers", "0", "--formats", "video"]
+        )
+        assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr
+        assert harness.leftovers(disk) == []
+        summary = json.loads((out / "summary.json").read_text())
+        (row,) = summary["videos"]
+        assert row["status"] == "failed"
+        assert "overlay.mp4" in row["error"] and "No space left" in row["error"]
