@@ -76,3 +76,41 @@ def test_full_disk_video_annotate_inline_writes_summary(tmp_path):
         (row,) = summary["videos"]
         assert row["status"] == "failed"
         assert "overlay.mp4" in row["error"] and "No space left" in row["error"]
+
+
+# -- 2. atomic files on a full disk ---------------------------------------------------------------------------
+
+
+def check_completed_outputs(out: Path) -> None:
+    """Whatever is under its final name must be complete and readable."""
+    from PIL import Image
+
+    for png in sorted((out / "masks").glob("*.png")):
+        with Image.open(png) as image:
+            image.load()
+            assert image.size == (W, H), png
+    if (out / "mot.txt").exists():
+        for line in (out / "mot.txt").read_text().splitlines():
+            assert len(line.split(",")) == 10, line
+    for name in ("annotations.json", "summary.json"):
+        if (out / name).exists():
+            json.loads((out / name).read_text())
+
+
+def test_full_disk_atomic_files_no_tmp_left_exit_4(tmp_path):
+    """png+mot+json onto a disk that fills part-way through the masks: the final flush of a buffered file (mot.txt,
+    annotations.json) used to fail with a bare OSError (exit 70) and leave 0-byte ``*.tmp`` files.  Now: exit 4 with
+    one line naming the file, no temporary file anywhere, and what was completed is valid."""
+    clip = media.moving_square_clip(".mp4", "libx264", 60, W, H)
+    with harness.small_disk() as disk:
+        fill_disk(disk, 64 * 1024)
+        out = disk / "out"
+        r = harness.run_cli(["track", clip, "--point", "40,48", "--out", out, "--save", "png,mot,json"])
+        assert r.returncode == 4, (r.returncode, r.stderr[-2000:])
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("vostream: error: cannot write") and "No space left" in last, last
+        assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+        assert harness.leftovers(disk) == []
+        pngs = sorted((out / "masks").glob("*.png"))
+        assert 0 < len(pngs) < 60  # some masks were completed before the disk filled
+        check_completed_outputs(out)
