@@ -6,6 +6,7 @@ function calls on top of the engine, so a program can do the same with its own s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from vostream.pipeline.reconnect import ReconnectPolicy
 from vostream.pipeline.types import Prompt
 from vostream.sinks import build_file_sinks
 from vostream.sinks.atomic import atomic_write_text
+from vostream.sinks.outdir import lock_output_dir, previous_track_outputs, remove_files
 from vostream.sinks.rtsp import rtsp_out_spec
 from vostream.stages.sources import VideoInfo, is_live_uri, open_source, probe
 from vostream.stages.sources.live import LiveSource, open_live
@@ -278,9 +280,31 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def clear_previous_outputs(out: str | Path) -> None:
+    """Remove what an earlier ``track`` run wrote into ``out`` (``docs/outputs.md``: only vostream's own files), so
+    a new run never leaves the old run's masks or video beside its own outputs."""
+    old = previous_track_outputs(out)
+    if old:
+        remove_files(old, out)
+        logger.info("%s: replaced the previous run's outputs (%d files)", out, len(old))
+
+
 def run_track(settings: TrackSettings) -> RunReport:
     pipe, facts = build_track_pipeline(settings)
     tracker = facts.pop("_tracker", None)
+    with contextlib.ExitStack() as held:
+        try:
+            if facts["out"]:  # a second run on this --out fails here; the earlier run's outputs go
+                held.enter_context(lock_output_dir(facts["out"], "vostream track"))
+                clear_previous_outputs(facts["out"])
+        except BaseException:
+            if tracker is not None:
+                tracker.close()
+            raise
+        return _run_locked(settings, pipe, facts, tracker)
+
+
+def _run_locked(settings: TrackSettings, pipe: Pipeline, facts: dict[str, Any], tracker: Any) -> RunReport:
     timer = None
     if facts.get("timed_prompts"):  # a live feed's prompts with wall-clock triggers
         timer = PromptTimer(pipe.send_control, pipe.source, facts["timed_prompts"])  # type: ignore[arg-type]
@@ -316,4 +340,11 @@ def run_track(settings: TrackSettings) -> RunReport:
     return report
 
 
-__all__ = ["build_track_pipeline", "collect_prompts", "format_summary", "run_track", "write_summary"]
+__all__ = [
+    "build_track_pipeline",
+    "clear_previous_outputs",
+    "collect_prompts",
+    "format_summary",
+    "run_track",
+    "write_summary",
+]

@@ -114,3 +114,76 @@ def test_full_disk_atomic_files_no_tmp_left_exit_4(tmp_path):
         pngs = sorted((out / "masks").glob("*.png"))
         assert 0 < len(pngs) < 60  # some masks were completed before the disk filled
         check_completed_outputs(out)
+
+
+# -- 3. a used or shared --out ----------------------------------------------------------------------------------
+
+
+def test_rerun_into_used_out_replaces_previous_outputs_only(tmp_path):
+    """A second ``track`` into the same --out used to keep the old run's masks (60 PNGs beside a 30-frame JSON) and
+    its overlay.mp4/mot.txt.  Now the previous run's vostream files are removed first; a user's files stay."""
+    clip = media.moving_square_clip(".mp4", "libx264", 60, W, H)
+    out = tmp_path / "out"
+    r = harness.run_cli(["track", clip, "--point", "40,48", "--out", out, "--save", "video,png,json,mot"])
+    assert r.returncode == 0, r.stderr
+    assert len(list((out / "masks").glob("*.png"))) == 60
+    (out / "notes.txt").write_text("mine")
+    (out / "masks" / "README").write_text("mine too")
+    r = harness.run_cli(
+        [
+            "track",
+            clip,
+            "--point",
+            "40,48",
+            "--out",
+            out,
+            "--save",
+            "png,json",
+            "--max-frames",
+            "30",
+            "--quiet",
+        ]
+    )
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (out / "masks").glob("*.png")) == [f"{i:05d}.png" for i in range(30)]
+    assert not (out / "overlay.mp4").exists() and not (out / "mot.txt").exists()
+    assert json.loads((out / "annotations.json").read_text())["videos"][0]["length"] == 30
+    assert json.loads((out / "summary.json").read_text())["frames"] == 30
+    assert (out / "notes.txt").read_text() == "mine" and (out / "masks" / "README").exists()
+    assert harness.leftovers(tmp_path) == [] and not (out / ".vostream.lock").exists()
+
+
+def test_concurrent_track_on_one_out_fails_fast(tmp_path):
+    """Two ``track`` runs on one --out used to both exit 0 and leave a mix.  The second now fails at once (exit 4),
+    naming the directory and the run that holds it; the first is unaffected."""
+    import signal
+
+    clip = media.moving_square_clip(".mp4", "libx264", 300, W, H)
+    out = tmp_path / "out"
+    first = harness.start_cli(
+        ["track", clip, "--point", "40,48", "--out", out, "--save", "png,json", "--quiet"]
+    )
+    try:
+        # hold the first run mid-way, deterministically (it takes a second or two to run)
+        assert harness.wait_for(lambda: (out / "masks").is_dir(), timeout=30, poll=0.01), "no first run"
+        pid = harness_child_pid(first)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            r = harness.run_cli(["track", clip, "--point", "40,48", "--out", out, "--save", "png", "--quiet"])
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert r.returncode == 4, (r.returncode, r.stderr[-2000:])
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith("vostream: error:") and str(out) in line, line
+        assert f"vostream track (pid {pid}" in line, line
+    finally:
+        _, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert sorted(p.name for p in (out / "masks").glob("*.png")) == [f"{i:05d}.png" for i in range(300)]
+    assert json.loads((out / "annotations.json").read_text())["videos"][0]["length"] == 300
+    assert not (out / ".vostream.lock").exists()
+
+
+def harness_child_pid(proc) -> int:  # type: ignore[no-untyped-def]
+    """The pid of the vostream process under ``timeout``."""
+    return int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])

@@ -27,13 +27,14 @@ from typing import Any
 
 from vostream.pipeline.apps.annotate.inputs import VideoEntry
 from vostream.pipeline.apps.annotate.job import JobResult, TrackOptions, VideoJob
-from vostream.pipeline.errors import BackendError, ConfigError, OutputError
+from vostream.pipeline.errors import BackendError, ConfigError
+from vostream.sinks.outdir import LOCK_NAME as LOCK_NAME
+from vostream.sinks.outdir import lock_output_dir
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_NAME = "summary.json"
 DATASET_NAME = "dataset.json"
-LOCK_NAME = ".annotate.lock"
 EXIT_SOME_FAILED = 1
 EXIT_INTERRUPTED = 130
 #: loggers that print the batch's status lines unless --quiet
@@ -213,27 +214,9 @@ def plan_batch(o: AnnotateOptions) -> BatchPlan:
 
 @contextmanager
 def _out_lock(out: Path) -> Iterator[None]:
-    """Hold ``DIR/.annotate.lock`` (``flock``) for the run: two runs on one DIR would redo each other's videos."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
+    """Hold ``DIR/.vostream.lock`` for the run: two runs on one DIR would redo each other's videos."""
+    with lock_output_dir(out, "vostream annotate"):
         yield
-        return
-    path = out / LOCK_NAME
-    try:
-        fh = open(path, "a+")
-    except OSError as exc:
-        raise OutputError(f"cannot create {str(path)!r}: {exc.strerror}") from exc
-    try:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise OutputError(
-                f"another 'vostream annotate' is writing to {str(out)!r}; wait for it or use another --out"
-            ) from None
-        yield
-    finally:
-        fh.close()
 
 
 class _StopState:
