@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import IO, Any
@@ -19,6 +20,7 @@ from vostream.pipeline.errors import OutputError
 logger = logging.getLogger(__name__)
 
 TMP_SUFFIX = ".tmp"
+_TMP_NAME = re.compile(r".+\.[0-9a-f]{8}\.tmp")  # temp_path_for: NAME.<8 hex>.tmp
 
 
 def ensure_dir(directory: str | os.PathLike[str], what: str = "output") -> Path:
@@ -80,6 +82,22 @@ def _close_quietly(file: IO[Any]) -> None:
         file.close()
     except OSError:
         pass
+
+
+def remove_temp_files(directory: str | os.PathLike[str]) -> int:
+    """Remove the ``NAME.<random>.tmp`` files left under ``directory`` (recursively) by a writer that was killed
+    (e.g. a batch worker terminated on a second Ctrl-C).  Only names made by :func:`temp_path_for`.  Returns how
+    many were removed; never raises."""
+    count = 0
+    try:
+        candidates = list(Path(directory).rglob(f"*{TMP_SUFFIX}"))
+    except OSError:
+        return 0
+    for p in candidates:
+        if _TMP_NAME.fullmatch(p.name) and p.is_file():
+            discard(p)
+            count += 1
+    return count
 
 
 class AtomicFile:
@@ -176,5 +194,6 @@ __all__ = [
     "commit",
     "discard",
     "ensure_dir",
+    "remove_temp_files",
     "temp_path_for",
 ]

@@ -28,6 +28,7 @@ from typing import Any
 from vostream.pipeline.apps.annotate.inputs import VideoEntry
 from vostream.pipeline.apps.annotate.job import JobResult, TrackOptions, VideoJob
 from vostream.pipeline.errors import BackendError, ConfigError
+from vostream.sinks.atomic import remove_temp_files
 from vostream.sinks.outdir import LOCK_NAME as LOCK_NAME
 from vostream.sinks.outdir import lock_output_dir
 
@@ -331,6 +332,8 @@ def _dispatch(
     while todo or running:
         if state.level >= 2:
             executor.abandon()
+            for job in running.values():  # a terminated worker cannot remove its open temporary files
+                remove_temp_files(job.out_dir)
             break
         if state.level == 0:
             for slot in executor.idle():

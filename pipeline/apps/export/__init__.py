@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import signal
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from vostream.pipeline.apps.export.families import Family, family_for, resize_config
-from vostream.pipeline.errors import BackendError, ConfigError
+from vostream.pipeline.errors import BackendError, ConfigError, Interrupted
 from vostream.pipeline.version import package_version
 from vostream.stages.trackers.sam2.manifest import (
     FORMAT_VERSION,
@@ -359,6 +361,36 @@ def _three(values: Any) -> tuple[float, float, float]:
     return a, b, c
 
 
+class _StopOnSignals:
+    """While installed, the first SIGINT/SIGTERM/SIGHUP raises :class:`Interrupted` (``export_model`` then removes
+    its staging directory; the CLI prints one line and exits 130); later ones are ignored until that cleanup is
+    done and :meth:`restore` puts the previous handlers back.  Main thread only (elsewhere a no-op)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir, self.count = out_dir, 0
+        self.previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                signum = getattr(signal, name)
+                self.previous[signum] = signal.signal(signum, self._handler)
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        self.count += 1
+        name = signal.Signals(signum).name
+        if self.count == 1:
+            raise Interrupted(f"export interrupted by {name}; nothing was written to {self.out_dir}")
+        logger.warning("%s: removing the partial export, please wait", name)
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self.previous = {}
+
+
 def export_model(
     model: str,
     out_dir: str | Path,
@@ -425,8 +457,11 @@ def export_model(
     std = _three(pre.get("image_std", family.std))
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    stop = _StopOnSignals(out_dir)  # a signal removes the staging directory (below) and exits 130
+    stop.install()
+    tmp: Path | None = None
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
         gen = torch.Generator().manual_seed(0)
 
         def rnd(*shape: int, scale: float = 1.0) -> Any:
@@ -657,8 +692,11 @@ def export_model(
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:  # a second signal meanwhile is ignored (_StopOnSignals)
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        stop.restore()
     say(
         f"wrote {out_dir} ({family.name}, {S}px, {'fp16' if fp16 else 'fp32'}, C={C} N={N} Q={Q}) in {time.perf_counter() - t_start:.1f} s"
     )
