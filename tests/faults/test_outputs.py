@@ -11,6 +11,7 @@ from pathlib import Path
 import harness
 import media
 import numpy as np
+import pytest
 
 W, H = 160, 96
 
@@ -248,3 +249,56 @@ def test_second_sigterm_to_annotate_leaves_no_tmp(tmp_path):
     assert harness.leftovers(tmp_path) == []
     row = json.loads((out / "summary.json").read_text())["videos"][0]
     assert row["status"] == "pending"
+
+
+# -- 5. unbounded reads of user files ---------------------------------------------------------------------------
+
+READERS = ["track --prompts", "track --config", "annotate --prompts", "annotate @LIST"]
+
+
+def special_file(kind: str, directory: Path) -> Path:
+    if kind == "dev-zero":
+        return Path("/dev/zero")
+    if kind == "fifo":  # nobody ever writes to it: a reader that opens it blocks forever
+        path = directory / "prompts.fifo"
+        os.mkfifo(path)
+        return path
+    path = directory / "huge.json"  # over the 16 MiB limit (sparse: nothing is really written)
+    with open(path, "wb") as f:
+        f.truncate(16 * 1024 * 1024 + 1)
+    return path
+
+
+def reader_command(reader: str, bad: Path, tmp_path: Path) -> list[object]:
+    video = media.moving_square_clip(".mp4", "libx264", 6, W, H)
+    out = tmp_path / "out"
+    if reader == "track --prompts":
+        return ["track", video, "--prompts", bad, "--out", out]
+    if reader == "track --config":
+        return ["track", "--config", bad]
+    if reader == "annotate --prompts":
+        return ["annotate", video, "--prompts", bad, "--out", out, "--workers", "0"]
+    return [
+        "annotate",
+        f"@{bad}",
+        "--prompts",
+        batch_prompts(tmp_path, video),
+        "--out",
+        out,
+        "--workers",
+        "0",
+    ]
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "oversize"])
+@pytest.mark.parametrize("reader", READERS)
+def test_user_files_are_bounded_regular_files(tmp_path, reader, kind):
+    """``--prompts /dev/zero`` grew to 20 GB in 2 minutes, a FIFO hung the run.  Every user file read whole (track's
+    prompts and config, annotate's prompts and list files) must be a regular file of at most 16 MiB: else exit 2
+    at once with one line naming the file."""
+    bad = special_file(kind, tmp_path)
+    r = harness.run_cli(reader_command(reader, bad, tmp_path), timeout=20, kill_after=2)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("vostream: error:") and str(bad) in line, line
+    assert ("regular file" in line) if kind != "oversize" else ("16 MiB" in line), line
