@@ -307,9 +307,7 @@ def test_user_files_are_bounded_regular_files(tmp_path, reader, kind):
 # -- 6. the export check on random tiny models -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("family", "seed"), [("sam2", 1), ("sam2", 4), ("sam2", 7), ("edgetam", 1), ("sam3_tracker", 1)]
-)
+@pytest.mark.parametrize(("family", "seed"), [("sam2", 1), ("sam2", 4), ("edgetam", 1), ("sam3_tracker", 1)])
 def test_export_check_accepts_faithful_exports_of_random_tiny_models(tmp_path, family, seed):
     """HF-initialised tiny models (no parity tweaks) of several seeds: the export check used to reject faithful
     SAM 2 exports ("max |onnx - torch| 0.000977 > 0.0001 on output maskmem", seeds 1 and 4): the memory bank is
