@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import IO, Any
@@ -19,6 +20,7 @@ from vostream.pipeline.errors import OutputError
 logger = logging.getLogger(__name__)
 
 TMP_SUFFIX = ".tmp"
+_TMP_NAME = re.compile(r".+\.[0-9a-f]{8}\.tmp")  # temp_path_for: NAME.<8 hex>.tmp
 
 
 def ensure_dir(directory: str | os.PathLike[str], what: str = "output") -> Path:
@@ -73,6 +75,31 @@ def discard(tmp: str | os.PathLike[str]) -> None:
         logger.warning("could not remove temporary file %s: %s", tmp, err)
 
 
+def _close_quietly(file: IO[Any]) -> None:
+    """Close ``file`` after a failure: a flush that fails again (a full disk) must not hide the first error.
+    (CPython closes the descriptor even when the final flush fails.)"""
+    try:
+        file.close()
+    except OSError:
+        pass
+
+
+def remove_temp_files(directory: str | os.PathLike[str]) -> int:
+    """Remove the ``NAME.<random>.tmp`` files left under ``directory`` (recursively) by a writer that was killed
+    (e.g. a batch worker terminated on a second Ctrl-C).  Only names made by :func:`temp_path_for`.  Returns how
+    many were removed; never raises."""
+    count = 0
+    try:
+        candidates = list(Path(directory).rglob(f"*{TMP_SUFFIX}"))
+    except OSError:
+        return 0
+    for p in candidates:
+        if _TMP_NAME.fullmatch(p.name) and p.is_file():
+            discard(p)
+            count += 1
+    return count
+
+
 class AtomicFile:
     """A file object that appears at ``path`` only on :meth:`commit`.
 
@@ -95,36 +122,45 @@ class AtomicFile:
                 f"check the directory exists and is writable"
             ) from err
         self._done = False
+        self._failed: OSError | None = None
 
     def write(self, data: Any) -> int:
+        """Write ``data``.  An error raises :class:`OutputError` naming ``path``, and the file can then only be
+        discarded: :meth:`commit` removes the temporary file and raises (part of the data may be missing)."""
         try:
             return self.file.write(data)
         except OSError as err:
+            self._failed = err
             raise OutputError(f"cannot write {str(self.path)!r}: {err.strerror or err}") from err
 
     def commit(self, fsync: bool = False) -> None:
-        """Flush, close and move into place."""
+        """Flush, close and move into place.  On any failure the temporary file is removed and the error is an
+        :class:`OutputError` naming ``path`` (a full disk often fails only here, when the buffer is flushed)."""
         if self._done:
             return
         self._done = True
         try:
+            if self._failed is not None:
+                raise self._failed
             self.file.flush()
             if fsync:
                 os.fsync(self.file.fileno())
             self.file.close()
-        except OSError as err:
-            self.file.close()
+        except BaseException as err:
+            _close_quietly(self.file)
             discard(self.tmp)
-            raise OutputError(f"cannot write {str(self.path)!r}: {err.strerror or err}") from err
+            if isinstance(err, OSError):
+                raise OutputError(f"cannot write {str(self.path)!r}: {err.strerror or err}") from err
+            raise
         commit(self.tmp, self.path)
 
     def discard(self) -> None:
-        """Close and delete the temporary file; ``path`` is left untouched."""
+        """Close and delete the temporary file; ``path`` is left untouched.  Never raises ``OSError``."""
         if self._done:
             return
         self._done = True
         try:
-            self.file.close()
+            _close_quietly(self.file)
         finally:
             discard(self.tmp)
 
@@ -158,5 +194,6 @@ __all__ = [
     "commit",
     "discard",
     "ensure_dir",
+    "remove_temp_files",
     "temp_path_for",
 ]

@@ -99,6 +99,9 @@ class VideoSink(Sink[Frame]):
         self._t0: float | None = None  # capture time of the first frame (clock="capture")
         self._written = 0
         self._closed = False
+        #: a write to the container failed: FFmpeg's muxer state is then undefined, and muxing into it again
+        #: (the encoder flush in close) crashed the process (SIGSEGV); only ``container.close()`` is still safe.
+        self._broken = False
 
     def open(self) -> None:
         """Check the directory and the encoder, open the temporary container.  Raises :class:`OutputError`."""
@@ -176,11 +179,16 @@ class VideoSink(Sink[Frame]):
         av_frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
         av_frame.pts = self._next_pts(frame)
         av_frame.time_base = self._time_base
+        if self._broken:
+            raise OutputError(f"video sink {self.path}: write after a failed write")
         try:
             for packet in self._stream.encode(av_frame):
                 self._container.mux(packet)
         except (av.error.FFmpegError, OSError) as err:
-            raise OutputError(f"video sink {self.path}: encoding frame {frame.index} failed: {err}") from err
+            self._broken = True
+            raise OutputError(
+                f"cannot write {str(self.path)!r} (frame {frame.index}): {_reason(err)}"
+            ) from err
         self._written += 1
 
     def _next_pts(self, frame: Frame) -> int:
@@ -208,7 +216,8 @@ class VideoSink(Sink[Frame]):
         """Flush the encoder, close the container and move the file into place.  Idempotent.
 
         With no frame written nothing is created.  Raises :class:`OutputError` if finalising fails (the
-        temporary file is removed).
+        temporary file is removed).  After a failed write (a full disk; :meth:`write` raised the error) nothing is
+        muxed into the container again: it is only closed and the temporary file removed.
         """
         if self._closed:
             return
@@ -218,14 +227,28 @@ class VideoSink(Sink[Frame]):
             return
         tmp = self._tmp
         assert tmp is not None
-        try:
-            if self._stream is not None:
-                for packet in self._stream.encode(None):
-                    container.mux(packet)
+        failed_before = self._broken  # write() already raised the OutputError for that
+        error: BaseException | None = None
+        if not failed_before:
+            try:
+                if self._stream is not None:
+                    for packet in self._stream.encode(None):
+                        container.mux(packet)
+            except (av.error.FFmpegError, OSError) as err:
+                self._broken, error = True, err
+        try:  # always: it releases the file (and its disk space), also after a failed write
             container.close()
         except (av.error.FFmpegError, OSError) as err:
+            error = error or err
+        if failed_before or error is not None:
             discard(tmp)
-            raise OutputError(f"video sink {self.path}: finalising the video failed: {err}") from err
+        if failed_before:
+            logger.warning("%s: not written (a write failed); the temporary file was removed", self.path)
+            return
+        if error is not None:
+            raise OutputError(
+                f"cannot write {str(self.path)!r}: finalising the video failed: {_reason(error)}"
+            ) from error
         if self._written == 0:
             discard(tmp)
             logger.warning("%s: no frames were written; no video created", self.path)
@@ -235,6 +258,12 @@ class VideoSink(Sink[Frame]):
 
     def stats(self) -> dict[str, Any]:
         return {"frames": self._written}
+
+
+def _reason(err: BaseException) -> str:
+    """``No space left on device`` rather than FFmpeg's repr with the temporary file's name."""
+    strerror = getattr(err, "strerror", None)
+    return str(strerror) if strerror else str(err)
 
 
 __all__ = ["VideoSink", "VideoSinkSpec"]

@@ -201,7 +201,7 @@ class VisJsonSink(Sink[Frame]):
                 self._write_part()
             return
         with AtomicFile(self.path, "w") as f:
-            json.dump(self.document(), f.file, separators=(",", ":"))
+            json.dump(self.document(), f, separators=(",", ":"))  # f.write: errors name the file
         logger.info("%s: wrote %d objects over %d frames", self.path, len(self._tracks), self._length)
 
     def stats(self) -> dict[str, Any]:

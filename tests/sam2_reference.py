@@ -806,15 +806,24 @@ def make_tiny_model(
     return model
 
 
-def save_tiny(family: str, out_dir: str | Path, seed: int = 0, obj_score: str = "mixed") -> Path:
+def save_tiny(
+    family: str,
+    out_dir: str | Path,
+    seed: int = 0,
+    obj_score: str = "mixed",
+    randomize_zeros: bool = True,
+    scale_heads: bool = True,
+) -> Path:
     """``save_pretrained`` (config.json + model.safetensors) the tiny model into ``out_dir``; returns the path.
+    ``seed``, ``obj_score``, ``randomize_zeros``, ``scale_heads``: as in :func:`make_tiny_model` (all off with
+    ``obj_score="raw"`` gives HF's own random initialisation).
 
     ``model_class(family).from_pretrained(out_dir)`` reloads identical weights (eval mode); ``load_tiny`` also
     makes the outputs bit-identical (see there).
     """
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
-    make_tiny_model(family, seed, obj_score).save_pretrained(path)
+    make_tiny_model(family, seed, obj_score, randomize_zeros, scale_heads).save_pretrained(path)
     if not (path / "model.safetensors").is_file():
         raise RuntimeError(f"sam2_reference.save_tiny: save_pretrained wrote no model.safetensors in {path}")
     return path

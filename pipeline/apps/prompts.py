@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from vostream.pipeline.apps.config import read_user_file
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.types import MAX_OBJECTS, Prompt, check_obj_id
 
@@ -125,11 +126,10 @@ def _is_num(v: Any) -> bool:
 def read_prompts_text(path: str | Path) -> str:
     """The text of a prompts file (UTF-8, a BOM tolerated: spreadsheets write one), or a one-line PromptError."""
     p = Path(path)
+    raw = read_user_file(p, "prompts file", PromptError)  # a regular file of at most 16 MiB
     try:
-        return p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise PromptError(f"prompts file {str(p)!r}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
         raise PromptError(f"prompts file {str(p)!r}: cannot be read ({exc})") from exc
 
 

@@ -6,6 +6,7 @@ function calls on top of the engine, so a program can do the same with its own s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -26,6 +27,7 @@ from vostream.pipeline.reconnect import ReconnectPolicy
 from vostream.pipeline.types import Prompt
 from vostream.sinks import build_file_sinks
 from vostream.sinks.atomic import atomic_write_text
+from vostream.sinks.outdir import lock_output_dir, previous_track_outputs, remove_files
 from vostream.sinks.rtsp import rtsp_out_spec
 from vostream.sinks.vis_json import LIVE_JSON_ROLL_FRAMES, VisJsonSinkSpec
 from vostream.stages.sources import VideoInfo, is_live_uri, open_source, probe
@@ -294,9 +296,31 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def clear_previous_outputs(out: str | Path) -> None:
+    """Remove what an earlier ``track`` run wrote into ``out`` (``docs/outputs.md``: only vostream's own files), so
+    a new run never leaves the old run's masks or video beside its own outputs."""
+    old = previous_track_outputs(out)
+    if old:
+        remove_files(old, out)
+        logger.info("%s: replaced the previous run's outputs (%d files)", out, len(old))
+
+
 def run_track(settings: TrackSettings) -> RunReport:
     pipe, facts = build_track_pipeline(settings)
     tracker = facts.pop("_tracker", None)
+    with contextlib.ExitStack() as held:
+        try:
+            if facts["out"]:  # a second run on this --out fails here; the earlier run's outputs go
+                held.enter_context(lock_output_dir(facts["out"], "vostream track"))
+                clear_previous_outputs(facts["out"])
+        except BaseException:
+            if tracker is not None:
+                tracker.close()
+            raise
+        return _run_locked(settings, pipe, facts, tracker)
+
+
+def _run_locked(settings: TrackSettings, pipe: Pipeline, facts: dict[str, Any], tracker: Any) -> RunReport:
     timer = None
     if facts.get("timed_prompts"):  # a live feed's prompts with wall-clock triggers
         timer = PromptTimer(pipe.send_control, pipe.source, facts["timed_prompts"])  # type: ignore[arg-type]
@@ -307,7 +331,10 @@ def run_track(settings: TrackSettings) -> RunReport:
         report = _run_with_progress(pipe, facts["frames_expected"] or settings.max_frames, settings.quiet)
     except VostreamError as exc:
         if pipe.report is not None and facts["out"]:  # the run failed part-way: record what was done
-            write_summary(Path(facts["out"]) / "summary.json", facts, pipe.report, error=str(exc))
+            try:
+                write_summary(Path(facts["out"]) / "summary.json", facts, pipe.report, error=str(exc))
+            except VostreamError as summary_exc:  # e.g. the disk is still full: report the run's own error
+                logger.warning("%s", summary_exc)
         raise
     finally:
         if timer is not None:
@@ -329,4 +356,11 @@ def run_track(settings: TrackSettings) -> RunReport:
     return report
 
 
-__all__ = ["build_track_pipeline", "collect_prompts", "format_summary", "run_track", "write_summary"]
+__all__ = [
+    "build_track_pipeline",
+    "clear_previous_outputs",
+    "collect_prompts",
+    "format_summary",
+    "run_track",
+    "write_summary",
+]

@@ -27,13 +27,15 @@ from typing import Any
 
 from vostream.pipeline.apps.annotate.inputs import VideoEntry
 from vostream.pipeline.apps.annotate.job import JobResult, TrackOptions, VideoJob
-from vostream.pipeline.errors import BackendError, ConfigError, OutputError
+from vostream.pipeline.errors import BackendError, ConfigError
+from vostream.sinks.atomic import remove_temp_files
+from vostream.sinks.outdir import LOCK_NAME as LOCK_NAME
+from vostream.sinks.outdir import lock_output_dir
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_NAME = "summary.json"
 DATASET_NAME = "dataset.json"
-LOCK_NAME = ".annotate.lock"
 EXIT_SOME_FAILED = 1
 EXIT_INTERRUPTED = 130
 #: loggers that print the batch's status lines unless --quiet
@@ -213,27 +215,9 @@ def plan_batch(o: AnnotateOptions) -> BatchPlan:
 
 @contextmanager
 def _out_lock(out: Path) -> Iterator[None]:
-    """Hold ``DIR/.annotate.lock`` (``flock``) for the run: two runs on one DIR would redo each other's videos."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
+    """Hold ``DIR/.vostream.lock`` for the run: two runs on one DIR would redo each other's videos."""
+    with lock_output_dir(out, "vostream annotate"):
         yield
-        return
-    path = out / LOCK_NAME
-    try:
-        fh = open(path, "a+")
-    except OSError as exc:
-        raise OutputError(f"cannot create {str(path)!r}: {exc.strerror}") from exc
-    try:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise OutputError(
-                f"another 'vostream annotate' is writing to {str(out)!r}; wait for it or use another --out"
-            ) from None
-        yield
-    finally:
-        fh.close()
 
 
 class _StopState:
@@ -348,6 +332,8 @@ def _dispatch(
     while todo or running:
         if state.level >= 2:
             executor.abandon()
+            for job in running.values():  # a terminated worker cannot remove its open temporary files
+                remove_temp_files(job.out_dir)
             break
         if state.level == 0:
             for slot in executor.idle():

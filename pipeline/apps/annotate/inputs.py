@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from vostream.pipeline.apps.config import read_user_file
 from vostream.pipeline.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -46,9 +47,10 @@ def _walk(directory: Path) -> Iterable[Path]:
 
 
 def _read_list(path: Path) -> list[tuple[Path, str]]:
+    raw = read_user_file(path, "list file")  # a regular file of at most 16 MiB
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"list file {str(path)!r} cannot be read: {exc}") from exc
     out = []
     for lineno, line in enumerate(lines, 1):
