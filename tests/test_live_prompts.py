@@ -311,3 +311,15 @@ def test_cli_bad_live_prompts_file_one_line_error(rtsp_server: RtspServer, tmp_p
         lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
         assert len(lines) == 1 and match in lines[0], r.stderr
         assert "Traceback" not in r.stderr
+
+
+def test_live_prompts_file_is_a_bounded_regular_file(tmp_path):
+    """The live path reads prompts files through the same guard as the others: no /dev/zero, no FIFO."""
+    import os
+
+    with pytest.raises(PromptError, match="not a regular file"):
+        load_live_prompts("/dev/zero")
+    fifo = tmp_path / "p.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(PromptError, match="not a regular file"):
+        load_live_prompts(fifo)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vostream.pipeline.apps.config import read_user_file
 from vostream.pipeline.apps.prompts import prompts_from_dicts
 from vostream.pipeline.errors import PromptError
 
@@ -38,12 +39,12 @@ def load_live_prompts(path: str | os.PathLike[str]) -> tuple[list[Any], list[Tim
 
     Returns ``(frame_prompts, timed_prompts)``.  Raises :class:`PromptError` (naming the file and entry)."""
     p = os.fspath(path)
+    raw = read_user_file(
+        p, "prompts file", PromptError
+    )  # a bounded, regular file (not /dev/zero, not a FIFO)
     try:
-        with open(p, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise PromptError(f"prompts file {p!r}: no such file") from None
-    except (OSError, ValueError) as err:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise PromptError(f"prompts file {p!r}: cannot be read as JSON ({err})") from err
     entries = data.get("prompts") if isinstance(data, dict) else data
     if not isinstance(entries, list):
