@@ -704,9 +704,13 @@ def export_model(
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
-    except BaseException:
+    except BaseException as exc:
         if staged is not None:  # a second signal meanwhile is ignored (_StopOnSignals)
             shutil.rmtree(staged, ignore_errors=True)
+        if stop.count and not isinstance(exc, Interrupted):
+            # the signal's Interrupted surfaced as something else: raised inside an extension module's import
+            # (onnxruntime's), Python reports "ImportError: initialization failed"
+            raise Interrupted(f"export interrupted by a signal; nothing was written to {out_dir}") from exc
         raise
     finally:
         stop.restore()
