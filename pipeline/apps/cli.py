@@ -253,6 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--reconnect-max-delay", type=float, metavar="S", help="cap of the reconnect backoff (default 1)"
     )
     g.add_argument(
+        "--max-stream-lag",
+        type=float,
+        metavar="S",
+        help="when decoding falls S seconds behind the live stream's own clock, skip undecoded packets up to an "
+        "on-time keyframe (default 1; 0: never skip)",
+    )
+    g.add_argument(
         "--wait-for-source",
         type=float,
         metavar="S",
@@ -387,6 +394,7 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
         "reconnect_attempts": args.reconnect_attempts,
         "reconnect_max_delay": args.reconnect_max_delay,
         "wait_for_source": args.wait_for_source,
+        "max_stream_lag": args.max_stream_lag,
         "rtsp_out_bitrate": args.rtsp_out_bitrate,
         "rtsp_out_gop": args.rtsp_out_gop,
         "prompts": prompts,

@@ -76,6 +76,9 @@ class TrackSettings:
     reconnect_attempts: int | None = None  # failed reconnects in a row before giving up; None: never
     reconnect_max_delay: float = 1.0  # cap of the exponential backoff, seconds (a returning feed within ~1 s)
     wait_for_source: float = 0.0  # seconds to keep retrying the first connection (0: fail at once)
+    max_stream_lag: float = (
+        1.0  # seconds behind a live stream's clock before skipping to a keyframe (0: never)
+    )
     live_queue_size: int = 1  # capacity of the stage queues for a live source (latest-wins)
     rtsp_out_bitrate: int | None = None  # bits/s; None: constant quality
     rtsp_out_gop: int | None = None  # frames between keyframes; None: one second
@@ -194,7 +197,7 @@ def _check_type(key: str, value: Any, where: str) -> Any:
             value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
             "an integer >= 1",
         )
-    elif key == "wait_for_source":
+    elif key in ("wait_for_source", "max_stream_lag"):
         want(
             isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf"),
             "a number of seconds >= 0",

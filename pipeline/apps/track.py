@@ -188,6 +188,7 @@ def open_live_for_track(settings: TrackSettings) -> tuple[LiveSource, VideoInfo,
         reconnect=policy,
         max_frames=settings.max_frames,
         wait_first=settings.wait_for_source if settings.wait_for_source > 0 else False,
+        max_lag=settings.max_stream_lag if settings.max_stream_lag > 0 else None,
     )
     # Probe with a connection of its own and close it: the pipeline's source connects when the pipeline starts,
     # so frames buffered while the tracker loads do not arrive as a stale burst.

@@ -27,6 +27,7 @@ import os
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -155,6 +156,10 @@ class _Connection:
     ref_pts: int | None = None  # first pts seen on this connection ...
     ref_index: int = 0  # ... and the index it got
     frames: int = 0
+    min_offset: float | None = (
+        None  # smallest (wall clock - media time) of a packet: the stream's clock origin
+    )
+    catching_up: bool = False  # packets are skipped (not decoded) until a keyframe that is not late
 
 
 class LiveSource(Source[Frame]):
@@ -164,7 +169,9 @@ class LiveSource(Source[Frame]):
     Options: ``transport`` (RTSP: ``"tcp"`` default or ``"udp"``); ``open_timeout``/``read_timeout`` seconds
     (connect; no packet for this long = stalled); ``reconnect`` (:class:`ReconnectPolicy`); ``wait_first``
     (retry the *first* connection too instead of failing at :meth:`open`); ``fps`` (nominal rate when the stream
-    does not say; else read from the stream, else 25); ``max_frames``; camera options ``video_size``,
+    does not say; else read from the stream, else 25); ``max_lag`` (seconds behind the stream's own clock after
+    which packets are skipped, not decoded, up to a keyframe that is on time again; ``None``: never skip; frame
+    ages are measured on the stream's clock either way); ``max_frames``; camera options ``video_size``,
     ``framerate``, ``input_format``, ``pixel_format``; ``options`` extra FFmpeg options; ``source_id``.
 
     ``live = True``: the pipeline uses the ``latest`` policy on every edge.  ``read()`` returns ``None`` only after
@@ -194,6 +201,7 @@ class LiveSource(Source[Frame]):
         pixel_format: str | None = None,
         options: dict[str, str] | None = None,
         source_id: str | None = None,
+        max_lag: float | None = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not (open_timeout > 0 and read_timeout > 0):
@@ -202,6 +210,8 @@ class LiveSource(Source[Frame]):
             )
         if fps is not None and not fps > 0:
             raise ConfigError(f"{uri}: fps must be positive, got {fps}")
+        if max_lag is not None and not (max_lag > 0 and math.isfinite(max_lag)):
+            raise ConfigError(f"{uri}: max_lag must be positive seconds or None, got {max_lag}")
         if max_frames is not None and (isinstance(max_frames, bool) or max_frames < 0):
             raise ConfigError(f"{uri}: max_frames must be >= 0 or None, got {max_frames}")
         self.kind = live_kind(uri)
@@ -239,6 +249,11 @@ class LiveSource(Source[Frame]):
         self._index_skipped = 0  # indices skipped by the time rule (gaps, reconnects)
         self._returned_at: float | None = None  # monotonic time read() last returned
         self._blocked_s = 0.0
+        self.max_lag = max_lag
+        self._lags: deque[float] = deque(maxlen=1024)  # seconds behind the stream's clock, per packet
+        self._lag_max = 0.0
+        self._skipped_catchup = 0  # video packets not decoded while catching up
+        self._catchups = 0
         self._opened = False
         self._closed = False
 
@@ -358,6 +373,23 @@ class LiveSource(Source[Frame]):
                         conn, f"no packets for {self.read_timeout:g} s", first_of_connection, stalled=True
                     ) from err
                 raise self._lost(conn, f"read error: {_one_line(err)}", first_of_connection) from err
+            lag = self._lag_of(conn, packet)
+            if self.max_lag is not None and not first_of_connection and conn.frames:
+                if not conn.catching_up and lag > self.max_lag:
+                    conn.catching_up = True
+                    self._catchups += 1
+                    logger.warning(
+                        "%s: %.1f s behind the live stream (decoding is slower than the feed); skipping to a "
+                        "recent keyframe",
+                        self.source_id,
+                        lag,
+                    )
+                if conn.catching_up:
+                    if not (packet.is_keyframe and lag <= self.max_lag / 2):
+                        if packet.size:
+                            self._skipped_catchup += 1
+                        continue
+                    conn.catching_up = False
             try:
                 conn.pending.extend(packet.decode())
             except av.error.FFmpegError as err:
@@ -366,6 +398,20 @@ class LiveSource(Source[Frame]):
                     logger.debug("%s: skipped a corrupt packet: %s", self.source_id, _one_line(err))
         av_frame = conn.pending.pop(0)
         return self._make_frame(conn, av_frame)
+
+    def _lag_of(self, conn: _Connection, packet: Any) -> float:
+        """How far behind the stream's own clock ``packet`` is read: (wall clock − media time) minus the smallest
+        such offset on this connection (the least delayed packet sets the clock's origin).  A decoder or a reader
+        slower than the feed makes it grow, whatever the frame ages downstream of the decoder say."""
+        if packet.pts is None or packet.time_base is None or not packet.size:
+            return 0.0
+        offset = self.clock() - float(packet.pts * packet.time_base)
+        if conn.min_offset is None or offset < conn.min_offset:
+            conn.min_offset = offset
+        lag = offset - conn.min_offset
+        self._lags.append(lag)
+        self._lag_max = max(self._lag_max, lag)
+        return lag
 
     def _lost(
         self, conn: _Connection, reason: str, first_of_connection: bool, stalled: bool = False
@@ -397,6 +443,10 @@ class LiveSource(Source[Frame]):
         if self.last_index >= 0:
             self._index_skipped += max(0, index - self.last_index - 1)
         conn.frames += 1
+        capture = now
+        if conn.min_offset is not None and av_frame.pts is not None and av_frame.time_base is not None:
+            # the frame's time on the stream's clock: frame ages then include any lag before the decoder
+            capture = min(now, conn.min_offset + float(av_frame.pts * av_frame.time_base))
         image = to_rgb(av_frame)
         if not self.width:
             self.height, self.width = image.shape[:2]
@@ -405,7 +455,7 @@ class LiveSource(Source[Frame]):
             image=image,
             pts=av_frame.pts,
             time_base=Fraction(av_frame.time_base) if av_frame.time_base is not None else None,
-            capture_time=now,
+            capture_time=capture,
             source_id=self.source_id,
         )
         self.last_index = index
@@ -489,8 +539,20 @@ class LiveSource(Source[Frame]):
 
     def stats(self) -> dict[str, Any]:
         """Supervisor counters plus ``frames``, ``corrupt_frames``, ``index_skipped`` (index gaps from the
-        time rule), ``blocked_s`` (time the pipeline did not ask for frames), ``fps``, ``last_index``."""
+        time rule), ``blocked_s`` (time the pipeline did not ask for frames), ``fps``, ``last_index``,
+        ``stream_lag_s_p50``/``_p95``/``_max`` (how far behind the stream's clock packets were read),
+        ``catchups`` and ``skipped_catchup`` (packets not decoded to catch up, see ``max_lag``)."""
         out = self.supervisor.snapshot()
+        lags = sorted(self._lags)
+        if lags:
+            out.update(
+                {
+                    "stream_lag_s_p50": round(lags[len(lags) // 2], 3),
+                    "stream_lag_s_p95": round(lags[min(len(lags) - 1, int(0.95 * len(lags)))], 3),
+                    "stream_lag_s_max": round(self._lag_max, 3),
+                }
+            )
+        out.update({"catchups": self._catchups, "skipped_catchup": self._skipped_catchup})
         out.update(
             {
                 "frames": self._delivered,

@@ -216,3 +216,43 @@ def test_live_mp4_follows_real_time_across_an_outage(tmp_path: Path) -> None:
     assert abs(duration - wall) <= 0.1 * wall, (duration, wall)
     gaps = np.diff(times)
     assert gaps.max() >= 1.5, gaps.max()  # the outage (2 s, less the time to notice and reconnect)
+
+
+def _read_slowly(url: str, max_lag: float | None, seconds: float, per_frame: float) -> dict[str, Any]:
+    """A consumer three times slower than the feed: what a decoder that cannot keep up looks like upstream."""
+    from vostream.stages.sources.live import LiveSource
+
+    src = LiveSource(url, max_lag=max_lag, read_timeout=5.0)
+    ages = []
+    try:
+        src.open()
+        t_end = time.monotonic() + seconds
+        while time.monotonic() < t_end:
+            frame = src.read()
+            assert frame is not None
+            ages.append(time.time() - frame.capture_time)
+            time.sleep(per_frame)
+        stats = src.stats()
+    finally:
+        src.close()
+    stats["age_max"] = max(ages[-10:])
+    return stats
+
+
+@needs_server
+def test_lag_before_the_decoder_is_measured_and_caught_up(tmp_path):
+    """A reader three times slower than a 30 fps feed: without catch-up it falls further and further behind the
+    stream's clock, and the frames' age (now measured on the stream's clock) says so; with ``max_lag`` it skips
+    undecoded packets up to an on-time keyframe and stays within about a GOP of the live edge."""
+    clip = noise_clip(320, 240, 300, 30)  # 10 s, a keyframe every 30 frames
+    with RtspServer(clip) as server:
+        server.start()
+        behind = _read_slowly(server.url, None, seconds=4.0, per_frame=0.1)
+    with RtspServer(clip) as server:
+        server.start()
+        kept = _read_slowly(server.url, 0.5, seconds=4.0, per_frame=0.1)
+    assert behind["stream_lag_s_max"] > 1.5, behind
+    assert behind["age_max"] > 1.5, behind  # the frame age sees the lag (it was ~0.1 s when taken at decode)
+    assert behind["skipped_catchup"] == 0
+    assert kept["catchups"] >= 1 and kept["skipped_catchup"] > 0, kept
+    assert kept["age_max"] < 1.6, kept  # at most max_lag plus about one GOP (1 s) behind
