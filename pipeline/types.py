@@ -184,6 +184,18 @@ class Prompt:
                 f"is {width}x{height}"
             )
 
+    def with_points_of(self, other: Prompt) -> Prompt:
+        """This prompt's box and mask with ``other``'s points appended, on ``other``'s frame (negative clicks
+        added to the prompt that starts an object)."""
+        return Prompt(
+            self.obj_id,
+            other.frame_index,
+            np.concatenate([self.points, other.points]),
+            np.concatenate([self.labels, other.labels]),
+            self.box,
+            self.mask,
+        )
+
     def scaled(self, sx: float, sy: float, size: tuple[int, int] | None = None) -> Prompt:
         """This prompt with coordinates multiplied by (sx, sy); a mask is resized to ``size`` = (w, h)."""
         import cv2

@@ -143,15 +143,7 @@ class ClassicSession(TrackerSession):
             prompt.check_bounds(*self._src_size, source="the stream")
         if only_negative and oid in self._pending and oid not in self._tracks:
             # merge the negatives into the pending prompt that starts this object
-            p = self._pending[oid]
-            prompt = Prompt(
-                oid,
-                prompt.frame_index,
-                np.concatenate([p.points, prompt.points]),
-                np.concatenate([p.labels, prompt.labels]),
-                p.box,
-                p.mask,
-            )
+            prompt = self._pending[oid].with_points_of(prompt)
         self._pending[oid] = prompt
 
     def remove_object(self, obj_id: int) -> None:
@@ -398,15 +390,10 @@ class ClassicSession(TrackerSession):
         fused = prior + p.llr_weight * llr
         if bg is not None and bwd is not None and p.motion_weight > 0:
             # motion cue: does the pixel's backward flow fit the object's motion or the background's better?
-            if gx is None:
+            if gx is None or gy is None:
                 gy, gx = np.mgrid[ry0:ry1, rx0:rx1].astype(np.float32)
             bw = bwd[ry0:ry1, rx0:rx1]
-            mi = cv2.invertAffineTransform(m)
-            bgx = bg[0, 0] * gx + bg[0, 1] * gy + bg[0, 2] - gx
-            bgy = bg[1, 0] * gx + bg[1, 1] * gy + bg[1, 2] - gy
-            obx = mi[0, 0] * gx + mi[0, 1] * gy + mi[0, 2] - gx
-            oby = mi[1, 0] * gx + mi[1, 1] * gy + mi[1, 2] - gy
-            sep = np.sqrt((bgx - obx) ** 2 + (bgy - oby) ** 2)
+            bgx, bgy, obx, oby, sep = _motion_fields(bg, m, gx, gy)
             core = sdr > 0
             if core.any() and float(np.median(sep[core])) > p.motion_min:
                 r_bg = np.sqrt((bw[..., 0] - bgx) ** 2 + (bw[..., 1] - bgy) ** 2)
@@ -441,12 +428,7 @@ class ClassicSession(TrackerSession):
         x0, y0, x1, y1 = _pad(box, int(max(20, 1.2 * size)), w, h)
         gy, gx = np.mgrid[y0:y1, x0:x1].astype(np.float32)
         bw = bwd[y0:y1, x0:x1]
-        mi = cv2.invertAffineTransform(m)
-        bgx = bg[0, 0] * gx + bg[0, 1] * gy + bg[0, 2] - gx
-        bgy = bg[1, 0] * gx + bg[1, 1] * gy + bg[1, 2] - gy
-        obx = mi[0, 0] * gx + mi[0, 1] * gy + mi[0, 2] - gx
-        oby = mi[1, 0] * gx + mi[1, 1] * gy + mi[1, 2] - gy
-        sep = np.sqrt((bgx - obx) ** 2 + (bgy - oby) ** 2)
+        bgx, bgy, obx, oby, sep = _motion_fields(bg, m, gx, gy)
         mw = mask[y0:y1, x0:x1]
         grow = np.zeros((h, w), np.float32) if tr.grow is None else cv2.warpAffine(tr.grow, m, (w, h))
         logger.debug("grow: sep %.2f", float(np.median(sep[mw])))
@@ -695,6 +677,19 @@ class ClassicSession(TrackerSession):
             if tr.present and not tr.mask.any():
                 tr.present = False
         self._prev_gray = None
+
+
+def _motion_fields(
+    bg: np.ndarray, m: np.ndarray, gx: np.ndarray, gy: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """At pixels (gx, gy): the backward displacement the background's affine motion ``bg`` predicts, the one the
+    object's motion ``m`` predicts (inverted: backward), and how far apart the two are (px)."""
+    mi = cv2.invertAffineTransform(m)
+    bgx = bg[0, 0] * gx + bg[0, 1] * gy + bg[0, 2] - gx
+    bgy = bg[1, 0] * gx + bg[1, 1] * gy + bg[1, 2] - gy
+    obx = mi[0, 0] * gx + mi[0, 1] * gy + mi[0, 2] - gx
+    oby = mi[1, 0] * gx + mi[1, 1] * gy + mi[1, 2] - gy
+    return bgx, bgy, obx, oby, np.sqrt((bgx - obx) ** 2 + (bgy - oby) ** 2)
 
 
 __all__ = ["ClassicParams", "ClassicSession"]

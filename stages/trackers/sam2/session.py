@@ -171,15 +171,8 @@ class Sam2Session(TrackerSession):
                 f"on the {self.rt.name} runtime"
             )
         if not has_pos and oid in self._pending and oid not in self._objects:
-            p = self._pending[oid]  # merge negatives into the pending prompt that starts this object
-            prompt = Prompt(
-                oid,
-                prompt.frame_index,
-                np.concatenate([p.points, prompt.points]),
-                np.concatenate([p.labels, prompt.labels]),
-                p.box,
-                p.mask,
-            )
+            # merge negatives into the pending prompt that starts this object
+            prompt = self._pending[oid].with_points_of(prompt)
         self._pending[oid] = prompt
 
     def remove_object(self, obj_id: int) -> None:
