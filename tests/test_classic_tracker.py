@@ -290,3 +290,33 @@ def test_box_on_a_featureless_region_falls_back_to_the_inscribed_ellipse() -> No
     ys, xs = np.nonzero(m)
     assert 0.6 * np.pi * 20 * 20 < m.sum() < 40 * 40  # about the ellipse inscribed in the 40x40 box
     assert xs.min() >= 20 and xs.max() < 60 and ys.min() >= 10 and ys.max() < 50
+
+
+def test_a_cancel_lands_between_objects():
+    """``should_stop`` (set by the track stage on cancel) is checked between objects: a frame with many objects
+    is abandoned part-way with StepAborted instead of finishing every object."""
+    from vostream.stages.trackers.base import StepAborted
+
+    w, h = 320, 180
+    img = np.zeros((h, w, 3), np.uint8)
+    for k in range(6):  # six coloured squares, one object each
+        img[40:80, 10 + 50 * k : 40 + 50 * k] = (40 * k, 200 - 30 * k, 120)
+    tracker = ClassicTracker()
+    pre = Preprocessor(tracker.input_spec(w, h))
+    session = tracker.new_session()
+    for k in range(6):
+        session.add_prompt(Prompt(k + 1, 0, box=(10 + 50 * k, 40, 40 + 50 * k, 80)))
+    f0 = Frame(0, img)
+    f0.tensor = pre(img)
+    assert len(session.step(f0).obj_ids) == 6
+    calls = {"n": 0}
+
+    def stop_after_two() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 2
+
+    session.should_stop = stop_after_two
+    f1 = Frame(1, img)
+    f1.tensor = pre(img)
+    with pytest.raises(StepAborted, match="stopped after 2 of 6 objects"):
+        session.step(f1)

@@ -56,7 +56,7 @@ class TrackerSession(ABC):
     the frame being tracked will be discarded anyway.  A session whose :meth:`step` loops over objects should call
     it between objects and raise :class:`StepAborted` when it returns true, so that a cancel (a second Ctrl-C or
     SIGTERM) takes effect within one object's time instead of one frame's (many objects can make a frame take
-    seconds).  The SAM-2 session honours it; the classic tracker will (until then it stops between frames).
+    seconds).  Both the SAM-2 and the classic sessions honour it.
     """
 
     should_stop: Callable[[], bool] | None = None

@@ -15,7 +15,7 @@ import numpy as np
 from vostream.pipeline.errors import BackendError, PromptError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 
-from ..base import TrackerSession
+from ..base import StepAborted, TrackerSession
 from .appearance import ColourModel, bhattacharyya, histogram, quantise
 from .motion import FlowEstimator, similarity_from_flow
 from .segment import _fill_holes, mask_from_box, mask_from_points
@@ -205,7 +205,9 @@ class ClassicSession(TrackerSession):
 
         logits: dict[int, np.ndarray] = {}
         scale_change: dict[int, float] = {}
-        for oid, tr in self._tracks.items():
+        for done, (oid, tr) in enumerate(self._tracks.items()):
+            if self.stop_requested():  # a cancel lands between objects, not after the whole frame
+                raise StepAborted(f"frame {frame.index}: stopped after {done} of {len(self._tracks)} objects")
             if oid in refresh:
                 continue
             if tr.present:
@@ -219,6 +221,10 @@ class ClassicSession(TrackerSession):
                     logits[oid] = found
         prompted: set[int] = set()
         for oid, p in pending.items():
+            if self.stop_requested():
+                raise StepAborted(
+                    f"frame {frame.index}: stopped before segmenting the prompt of object {oid}"
+                )
             sp = p.scaled(w / src[0], h / src[1], (w, h))
             pts = (sp.points + 0.5 * np.array([w / src[0], h / src[1]], np.float32) - 0.5).clip(
                 0, [w - 1, h - 1]
