@@ -44,12 +44,23 @@ def scene_of(name, w, h, t):
 
 
 def tree(root: Path) -> dict[str, str]:
-    """relative path → sha256 of every annotation file under ``root``."""
+    """relative path → sha256 of every annotation file under ``root``.  An MP4 is summarised by what it holds
+    (frame count, size, timestamps) instead: libx264 does not always give the same bytes for the same frames
+    (docs/annotate.md, "Determinism")."""
     out = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and p.name not in IGNORED:
-            out[p.relative_to(root).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+            key = p.relative_to(root).as_posix()
+            out[key] = _video_summary(p) if p.suffix == ".mp4" else hashlib.sha256(p.read_bytes()).hexdigest()
     return out
+
+
+def _video_summary(path: Path) -> str:
+    import av
+
+    with av.open(str(path)) as c:
+        frames = [(f.pts, f.width, f.height) for f in c.decode(video=0)]
+    return f"{len(frames)} frames {frames[0][1]}x{frames[0][2]} pts {[f[0] for f in frames]}"
 
 
 @functools.cache

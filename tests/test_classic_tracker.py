@@ -320,3 +320,27 @@ def test_a_cancel_lands_between_objects():
     f1.tensor = pre(img)
     with pytest.raises(StepAborted, match="stopped after 2 of 6 objects"):
         session.step(f1)
+
+
+def test_results_do_not_depend_on_the_threads_random_state():
+    """grabCut draws from OpenCV's per-thread RNG: whatever the thread ran before (a batch worker's earlier
+    videos), the same video and prompts give the same masks (annotate's resume relies on identical files)."""
+    scene = render_scene("crossing", 480, 270, frames=12)
+
+    def run(seed: int) -> list[np.ndarray]:
+        cv2.setRNGSeed(seed)  # another thread history
+        tracker = ClassicTracker()
+        pre = Preprocessor(tracker.input_spec(480, 270))
+        session = tracker.new_session()
+        out = []
+        for i, img in enumerate(scene.frames):
+            if i == 0:
+                for oid, (x, y) in zip(scene.obj_ids, scene.clicks):
+                    session.add_prompt(Prompt(int(oid), 0, [[x, y]], [1]))
+            frame = Frame(i, img)
+            frame.tensor = pre(img)
+            out.append(session.step(frame).logits > 0)
+        return out
+
+    a, b = run(1), run(2)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))

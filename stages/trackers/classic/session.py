@@ -160,6 +160,9 @@ class ClassicSession(TrackerSession):
 
     # ---------------------------------------------------------------------------------------------- step
     def step(self, frame: Frame) -> TrackResult:
+        # grabCut's k-means draws from OpenCV's per-thread RNG: seed it from the frame, so that results depend on
+        # the video and the prompts only, not on what the thread ran before (a batch worker's earlier videos)
+        cv2.setRNGSeed(0x5EED + frame.index)
         img = frame.tensor
         if img is None:
             raise BackendError(
