@@ -307,10 +307,8 @@ def test_server_killed_and_restarted_reconnects_and_tracking_resumes(rtsp_server
     assert rss() - rss0 < 150 * 2**20
 
 
-@needs_server
-def test_stalled_server_is_detected_by_the_read_timeout(rtsp_server: RtspServer) -> None:
-    source = LiveSource(rtsp_server.url, read_timeout=1.0, open_timeout=1.5, reconnect=FAST)
-    source.open()
+def _read_in_background(source: LiveSource) -> tuple[list[Any], threading.Event, threading.Thread]:
+    """A started thread reading ``source`` into a list until ``stop`` is set or ``read`` returns None."""
     frames: list[Any] = []
     stop = threading.Event()
 
@@ -323,6 +321,14 @@ def test_stalled_server_is_detected_by_the_read_timeout(rtsp_server: RtspServer)
 
     thread = threading.Thread(target=reader)
     thread.start()
+    return frames, stop, thread
+
+
+@needs_server
+def test_stalled_server_is_detected_by_the_read_timeout(rtsp_server: RtspServer) -> None:
+    source = LiveSource(rtsp_server.url, read_timeout=1.0, open_timeout=1.5, reconnect=FAST)
+    source.open()
+    frames, stop, thread = _read_in_background(source)
     try:
         time.sleep(1.5)
         paused_at = time.time()
@@ -441,18 +447,7 @@ def test_a_returning_server_is_picked_up_within_a_second(rtsp_server: RtspServer
     seconds; it is capped at 1 s, so the first new frame arrives < 1.5 s after the server is back."""
     source = LiveSource(rtsp_server.url, read_timeout=2)
     source.open()
-    frames: list[Any] = []
-    stop = threading.Event()
-
-    def reader() -> None:
-        while not stop.is_set():
-            f = source.read()
-            if f is None:
-                return
-            frames.append(f)
-
-    thread = threading.Thread(target=reader)
-    thread.start()
+    frames, stop, thread = _read_in_background(source)
     try:
         assert _wait(lambda: len(frames) >= 10, 10)
         rtsp_server.kill()

@@ -136,18 +136,22 @@ _FILE_KINDS = (
 )
 
 
+def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
+    """A user's TOML file (bounded, regular: :func:`read_user_file`) as a dict; :class:`ConfigError` naming it."""
+    p = Path(path)
+    raw = read_user_file(p, what)
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {str(p)!r}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} {str(p)!r}: invalid TOML: {exc}") from None
+
+
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read a TOML config file into a dict of raw values (validated later by :func:`merge_settings`)."""
     p = Path(path)
-    raw = read_user_file(p, "config file")
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"config file {str(p)!r}: not UTF-8 text ({exc.reason} at byte {exc.start})"
-        ) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {str(p)!r}: invalid TOML: {exc}") from None
+    data = read_toml(p, "config file")
     unknown = set(data) - _CONFIG_KEYS
     if unknown:
         raise ConfigError(

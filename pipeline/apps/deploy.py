@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vostream.pipeline.apps.config import TRACKER_KEYS, TrackSettings, merge_settings, tomllib
+from vostream.pipeline.apps.config import TRACKER_KEYS, TrackSettings, merge_settings, read_toml
 from vostream.pipeline.apps.live_prompts import PromptTimer
+from vostream.pipeline.apps.prometheus import pipeline_families
 from vostream.pipeline.apps.track import STOP_SIGNALS, build_track_pipeline, write_summary
 from vostream.pipeline.engine import Pipeline, RunReport
 from vostream.pipeline.errors import ConfigError, Interrupted, VostreamError, describe
@@ -70,7 +71,7 @@ class StreamRun:
 
 def load_deploy(path: str | Path) -> DeployConfig:
     """Read and check a deployment file.  Raises :class:`ConfigError` naming the stream and key at fault."""
-    raw = load_config_tables(path)
+    raw = read_toml(path, "deployment file")
     base = Path(path).resolve().parent
     tracker = dict(raw.get("tracker") or {})
     backend = str(tracker.pop("backend", "classic"))
@@ -112,20 +113,6 @@ def load_deploy(path: str | Path) -> DeployConfig:
     ):  # a CPU tracker's sessions share nothing: one worker per core; a device gets one thread
         workers = min(len(streams), os.cpu_count() or 1) if backend == "classic" else 1
     return DeployConfig(backend, options, streams, metrics_port=port, out=base, workers=workers)
-
-
-def load_config_tables(path: str | Path) -> dict[str, Any]:
-    """The TOML file as tables (no per-key check: :func:`load_deploy` checks each stream with the track rules)."""
-    p = Path(path)
-    try:
-        with p.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"deployment file {str(p)!r}: no such file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"deployment file {str(p)!r}: invalid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"deployment file {str(p)!r}: cannot be read ({exc.strerror})") from exc
 
 
 class Deployment:
@@ -227,29 +214,11 @@ class Deployment:
     # -- metrics -------------------------------------------------------------------------------------------------
     def metrics_text(self) -> str:
         """Prometheus text: every stream's pipeline metrics with a ``stream`` label, plus the scheduler's."""
-        lines: list[str] = []
-        seen: set[str] = set()
-        for name, run in self.streams.items():
-            if run.pipeline is None:
-                continue
-            for metric, labels, value in run.pipeline.metrics().samples():
-                if metric not in seen:
-                    seen.add(metric)
-                    kind = "counter" if metric.endswith("_total") else "gauge"
-                    lines.append(f"# TYPE {metric} {kind}")
-                items = {**labels, "stream": name}
-                text = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(items.items()))
-                lines.append(f"{metric}{{{text}}} {float(value)}")
-        lines.append("# TYPE vostream_scheduler_share gauge")
-        for name, st in self.scheduler.stats().items():
-            lines.append(f'vostream_scheduler_share{{stream="{_escape(name)}"}} {st["share"]}')
-            lines.append(
-                f'vostream_scheduler_wait_ms{{stream="{_escape(name)}",quantile="0.5"}} {st["wait_ms_p50"]}'
-            )
-            lines.append(
-                f'vostream_scheduler_wait_ms{{stream="{_escape(name)}",quantile="0.95"}} {st["wait_ms_p95"]}'
-            )
-        return "\n".join(lines) + "\n"
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_DeployCollector(self))
+        return generate_latest(registry).decode()
 
     def _serve_metrics(self, port: int) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -278,8 +247,29 @@ class Deployment:
         logger.info("metrics on http://127.0.0.1:%d/metrics", self.metrics_port)
 
 
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _DeployCollector:
+    def __init__(self, deployment: Deployment) -> None:
+        self.deployment = deployment
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        streams = self.deployment.streams.values()
+        yield from pipeline_families(
+            ({"stream": r.name}, r.pipeline) for r in streams if r.pipeline is not None
+        )
+        share = GaugeMetricFamily(
+            "vostream_scheduler_share", "share of the tracker's time", labels=["stream"]
+        )
+        wait = GaugeMetricFamily(
+            "vostream_scheduler_wait_ms", "wait for the stream's turn", labels=["stream", "quantile"]
+        )
+        for name, st in self.deployment.scheduler.stats().items():
+            share.add_metric([name], st["share"])
+            wait.add_metric([name, "0.5"], st["wait_ms_p50"])
+            wait.add_metric([name, "0.95"], st["wait_ms_p95"])
+        yield share
+        yield wait
 
 
 def run_deploy(config: DeployConfig, quiet: bool = False) -> dict[str, Any]:

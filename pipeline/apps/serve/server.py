@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from vostream.pipeline.apps.prometheus import pipeline_families
 from vostream.pipeline.apps.serve.media import URL_FAILED, list_sources, resolve_source
 from vostream.pipeline.apps.serve.protocol import (
     EXPORT_FORMATS,
@@ -814,29 +815,11 @@ class _Collector:
     def collect(self) -> Any:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        families: dict[str, Any] = {}
-        names: dict[str, list[str]] = {}  # each family's label names, in the order its values are given
-        for session in list(self.server.sessions.values()):
-            if session.pipeline is None:
-                continue
-            for name, labels, value in session.pipeline.metrics().samples():
-                labels = {**labels, "session": session.id}
-                key = name
-                if key not in families:
-                    if name.endswith("_total"):
-                        families[key] = CounterMetricFamily(
-                            name[:-6], f"pipeline node {name[:-6]}", labels=sorted(labels)
-                        )
-                    else:
-                        families[key] = GaugeMetricFamily(
-                            name, f"pipeline node {name}", labels=sorted(labels)
-                        )
-                    names[key] = sorted(labels)
-                fam = families[key]
-                if sorted(labels) != names[key]:
-                    continue
-                fam.add_metric([labels[k] for k in names[key]], value)
-        yield from families.values()
+        yield from pipeline_families(
+            ({"session": s.id}, s.pipeline)
+            for s in list(self.server.sessions.values())
+            if s.pipeline is not None
+        )
         clients = GaugeMetricFamily("vostream_viewer_clients", "connected viewer clients")
         clients.add_metric([], len(self.server.clients))
         yield clients
