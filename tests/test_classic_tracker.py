@@ -280,6 +280,38 @@ def test_first_click_segments_the_whole_object_not_a_texture_patch(size: tuple[i
     assert iou(mask, scene.labels[0] == 1) >= 0.85
 
 
+def _two_colour_figure(w: int, h: int, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """A 'person': a red top over a dark blue bottom, on a mottled green-grey background (textured, not flat)."""
+    rng = np.random.default_rng(seed)
+    noise = cv2.GaussianBlur(rng.normal(0, 1, (h, w)).astype(np.float32), (0, 0), 3)
+    bg = np.stack([90 + 40 * noise, 120 + 40 * noise, 80 + 30 * noise], axis=-1)
+    img = bg.clip(0, 255).astype(np.uint8)
+    truth = np.zeros((h, w), np.uint8)
+    cx, top, bw, bh = w // 2, h // 4, w // 10, h // 2
+    cv2.rectangle(img, (cx - bw // 2, top), (cx + bw // 2, top + bh // 2), (200, 40, 40), -1)
+    cv2.rectangle(img, (cx - bw // 2, top + bh // 2), (cx + bw // 2, top + bh), (30, 40, 110), -1)
+    cv2.rectangle(truth, (cx - bw // 2, top), (cx + bw // 2, top + bh), 1, -1)
+    grain = rng.integers(-12, 13, img.shape)
+    return (img.astype(np.int32) + grain).clip(0, 255).astype(np.uint8), truth.astype(bool)
+
+
+def test_one_click_on_a_two_colour_object_takes_the_whole_object() -> None:
+    """Issue 13: a click on one part (the red top) of an object whose parts differ in colour segments the whole
+    object, not only the clicked colour region (the colour region alone is about half of it)."""
+    w, h = 480, 270
+    img, truth = _two_colour_figure(w, h)
+    ys, xs = np.nonzero(truth)
+    tracker = ClassicTracker()
+    pre = Preprocessor(tracker.input_spec(w, h))
+    session = tracker.new_session()
+    top = (float(xs.mean()), float(ys.min() + 0.2 * (ys.max() - ys.min())))  # in the red half
+    session.add_prompt(click(1, top))
+    fr = Frame(0, img)
+    fr.tensor = pre(img)
+    mask = cv2.resize(session.step(fr).logits[0], (w, h), interpolation=cv2.INTER_LINEAR) > 0
+    assert iou(mask, truth) >= 0.8, iou(mask, truth)
+
+
 def test_box_on_a_featureless_region_falls_back_to_the_inscribed_ellipse() -> None:
     """Regression: the fallback once called cv2.ellipse with a signature OpenCV rejects (found by mypy)."""
     from vostream.stages.trackers.classic.segment import mask_from_box
