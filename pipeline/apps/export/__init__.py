@@ -453,7 +453,7 @@ def export_model(
     calib_clip = compare_clip = None
     if int8 is not None:
         calib_clip = _precision().read_clip(int8, calib_frames, "--int8")
-        _precision().check_prompts(prompts, calib_clip, "--int8", int8)
+        _precision().check_prompts(prompts, calib_clip, "--int8", int8, tracking=True)
     if compare is not None:
         compare_clip = _precision().read_clip(compare, compare_frames, "--compare")
         _precision().check_prompts(prompts, compare_clip, "--compare", compare)

@@ -6,11 +6,14 @@
   tracking.  Memory attention is recorded with the whole bank bound (the static shapes ATC compiles), so the same
   recordings serve the Ascend calibration (``atc.py``).  The recordings are ``.npz`` files on disk, not in memory.
 * **Static INT8 for ONNX Runtime** (``onnxruntime.quantization.quantize_static``, QDQ format, MinMax ranges over
-  the recordings): weights int8 per output channel, activations uint8 (asymmetric).  Quantized: Conv, and the
-  MatMul/Gemm nodes whose activation has at least :data:`MIN_ROWS` rows (image, memory and mask tokens: nearly all
-  of the arithmetic).  Kept fp32: the MatMuls over the handful of prompt/output tokens in the decoder (under 1 % of
-  its arithmetic at 1024 px; quantizing them moved the object score by 74 % of its size on the tiny model, which
-  flips "object present"), and every other op (LayerNorm, Softmax, the attention masks, the bf16 rounding).
+  the recordings): weights int8 per output channel, activations uint8 (asymmetric).  Quantized: the Conv nodes that
+  sum at least :data:`MIN_CONV_REDUCTION` products per output, and the MatMul/Gemm nodes whose activation has at
+  least :data:`MIN_ROWS` rows (image, memory and mask tokens: nearly all of the arithmetic).  Kept fp32: the MatMuls
+  over the handful of prompt/output tokens in the decoder (a few per cent of its arithmetic on the tiny model, well
+  under 1 % at 1024 px; with every MatMul quantized, the tiny model's object score, which decides "object present",
+  had a relative RMS error of 0.74), the convs on the 1-channel mask inputs (negligible arithmetic; a bimodal input:
+  +-10 on prompted frames, sigmoid-scaled logits otherwise, which a random-weight model keeps within +-0.07 so one
+  shared range wiped them out), and every other op (LayerNorm, Softmax, the attention masks, the bf16 rounding).
 * **The check.**  Each quantized graph is run against its fp32 graph on the recordings; a relative RMS error above
   :data:`INT8_REL_RMS` on any output (or a non-finite value) fails the export, like the fp32 check does.
 * **The report** (:func:`compare_exports`): the fp32 export and the others track a stated clip side by side in one
@@ -51,6 +54,10 @@ INT8_OP_TYPES: tuple[str, ...] = ("Conv", "MatMul", "Gemm")
 #: of its leading axes; attention: the query tokens per head): image and memory tokens (64 on the tiny model, 4096 at
 #: 1024 px) yes, the decoder's prompt and output tokens (the points + 7) no
 MIN_ROWS = 32
+#: a Conv is quantized only when each output sums at least this many products (input channels per group x kernel
+#: area): the convs on the 1-channel mask inputs (memory encoder, decoder) stay fp32; their arithmetic is negligible
+#: and their input is bimodal (+-10 on prompted frames, the sigmoid of the logits otherwise)
+MIN_CONV_REDUCTION = 32
 #: the INT8 check: ||int8 - fp32|| / ||fp32|| (RMS over all recorded runs) per output must stay at or below this
 INT8_REL_RMS = 0.25
 #: interleaved rounds of the side-by-side timing
@@ -89,9 +96,11 @@ def read_clip(path: str | Path, max_frames: int | None, option: str) -> list[Fra
     return frames
 
 
-def check_prompts(prompts: Sequence[Prompt], frames: Sequence[Frame], option: str, clip: str | Path) -> None:
+def check_prompts(
+    prompts: Sequence[Prompt], frames: Sequence[Frame], option: str, clip: str | Path, tracking: bool = False
+) -> None:
     """:class:`ConfigError` unless ``prompts`` start at least one object inside ``frames``' size, on a frame the
-    clip has."""
+    clip has; with ``tracking``, also unless a frame follows the first prompt (memory attention must run)."""
     from vostream.pipeline.apps.prompts import check_prompt_sequence
 
     if not prompts:
@@ -109,6 +118,12 @@ def check_prompts(prompts: Sequence[Prompt], frames: Sequence[Frame], option: st
                 f"{len(frames)} frames are used"
             )
     check_prompt_sequence(prompts, frames[0].width, frames[0].height, f"{option} {clip}")
+    first = min(p.frame_index for p in prompts)
+    if tracking and first >= len(frames) - 1:
+        raise ConfigError(
+            f"{option} {clip}: no frame follows the first prompt (frame {first} of the {len(frames)} used), so "
+            "memory attention would never run: use more frames or an earlier prompt"
+        )
 
 
 def preprocess(frames: Sequence[Frame], manifest: Manifest) -> list[Frame]:
@@ -233,19 +248,20 @@ def _session(path: Path | bytes, threads: int | None = 1, optimize: bool = True)
     )
 
 
-def select_nodes(path: Path, feed: dict[str, np.ndarray]) -> tuple[list[str], dict[str, int]]:
-    """The nodes of the ONNX file at ``path`` to quantize (every Conv; each MatMul/Gemm with >= :data:`MIN_ROWS`
-    rows), and ``node -> rows`` of every MatMul/Gemm: the shapes are measured by running ``feed`` once with the MatMul/Gemm first inputs as extra outputs."""
+def select_nodes(path: Path, feed: dict[str, np.ndarray]) -> tuple[list[str], dict[str, tuple[str, int]]]:
+    """``(quantize, kept)`` for the ONNX file at ``path``: the nodes to quantize (each Conv reducing over at least
+    :data:`MIN_CONV_REDUCTION` values, each MatMul/Gemm with at least :data:`MIN_ROWS` rows), and the Conv / MatMul
+    / Gemm nodes kept fp32 (``name -> (op type, reduction or rows)``).  The rows are measured: ``feed`` runs once
+    with the MatMul/Gemm first inputs as extra outputs."""
     import onnx
 
     model = onnx.load(str(path))
     graph = model.graph
     known = {i.name for i in graph.initializer} | {o.name for o in graph.output}
     feeds_in = {i.name for i in graph.input}
-    mm = [n for n in graph.node if n.op_type in ("MatMul", "Gemm")]
     extra: list[Any] = []
-    for n in mm:
-        t = n.input[0]
+    for n in graph.node:
+        t = n.input[0] if n.op_type in ("MatMul", "Gemm") else ""
         if t and t not in known and t not in feeds_in and t not in {e.name for e in extra}:
             extra.append(onnx.ValueInfoProto(name=t))
     graph.output.extend(extra)
@@ -255,23 +271,28 @@ def select_nodes(path: Path, feed: dict[str, np.ndarray]) -> tuple[list[str], di
     shapes.update({k: v.shape for k, v in feed.items()})
     init = {i.name: tuple(i.dims) for i in graph.initializer}
     consts = {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-    rows: dict[str, int] = {}
-    chosen = []
+    chosen: list[str] = []
+    kept: dict[str, tuple[str, int]] = {}
     for n in graph.node:
         if n.op_type == "Conv":
-            chosen.append(n.name)
+            w = init.get(n.input[1])
+            size, least = (int(np.prod(w[1:])) if w is not None else 0), MIN_CONV_REDUCTION
         elif n.op_type in ("MatMul", "Gemm"):
             shape = shapes.get(n.input[0], init.get(n.input[0]))
             if not shape or len(shape) < 2:
-                r = 0
+                size = 0
             elif n.input[1] in init or n.input[1] in consts:  # a linear layer: every leading axis is rows
-                r = int(np.prod(shape[:-1]))
+                size = int(np.prod(shape[:-1]))
             else:  # activation x activation (attention): rows per head
-                r = int(shape[-2])
-            rows[n.name] = r
-            if r >= MIN_ROWS:
-                chosen.append(n.name)
-    return chosen, rows
+                size = int(shape[-2])
+            least = MIN_ROWS
+        else:
+            continue
+        if size >= least:
+            chosen.append(n.name)
+        else:
+            kept[n.name] = (n.op_type, size)
+    return chosen, kept
 
 
 class _Reader:
@@ -292,15 +313,18 @@ def quantize_graph(src: Path, dst: Path, graph: str, store: FeedStore) -> dict[s
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     first = next(store.feeds(graph))
-    nodes, rows = select_nodes(src, first)
+    nodes, kept = select_nodes(src, first)
+    counts: dict[str, int] = {}
+    for op, _ in kept.values():
+        counts[op] = counts.get(op, 0) + 1
     if not nodes:
         shutil.copyfile(src, dst)
-        return {"quantized_nodes": 0, "kept_fp32_matmuls": len(rows)}
+        return {"quantized_nodes": 0, "kept_fp32": counts}
     root = logging.getLogger()
     level = root.level
     root.setLevel(
         logging.ERROR
-    )  # the quantizer warns through the root logger ("consider pre-processing", biases)
+    )  # the quantizer warns through the root logger ("consider pre-processing", ...)
     try:
         quantize_static(
             str(src),
@@ -318,10 +342,7 @@ def quantize_graph(src: Path, dst: Path, graph: str, store: FeedStore) -> dict[s
         raise BackendError(f"graph {graph}: INT8 quantization failed: {type(exc).__name__}: {exc}") from exc
     finally:
         root.setLevel(level)
-    return {
-        "quantized_nodes": len(nodes),
-        "kept_fp32_matmuls": sum(1 for r in rows.values() if r < MIN_ROWS),
-    }
+    return {"quantized_nodes": len(nodes), "kept_fp32": counts}
 
 
 def check_int8_graph(graph: str, ref: Path, got: Path, store: FeedStore) -> dict[str, dict[str, float]]:
@@ -366,7 +387,8 @@ def quantize_export(
     progress: Callable[[str], None],
 ) -> dict[str, dict[str, Any]]:
     """Quantize every graph of the fp32 export in ``fp32_dir`` into ``out_dir`` (same file names) and check it;
-    returns ``graph -> {rel_rms, max_abs_diff, quantized_nodes, kept_fp32_matmuls, calibration_runs, export_s}``."""
+    returns ``graph -> {rel_rms, max_abs_diff, quantized_nodes, kept_fp32 (op type -> nodes), calibration_runs,
+    export_s}``."""
     out: dict[str, dict[str, Any]] = {}
     for name, g in manifest.graphs.items():
         t0 = time.perf_counter()
@@ -491,6 +513,7 @@ __all__ = [
     "INT8_DTYPE",
     "INT8_OP_TYPES",
     "INT8_REL_RMS",
+    "MIN_CONV_REDUCTION",
     "MIN_ROWS",
     "ClipRun",
     "FeedStore",
