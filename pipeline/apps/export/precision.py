@@ -9,9 +9,9 @@
   the recordings): weights int8 per output channel, activations uint8 (asymmetric).  Quantized: the Conv nodes that
   sum at least :data:`MIN_CONV_REDUCTION` products per output, and the MatMul/Gemm nodes whose activation has at
   least :data:`MIN_ROWS` rows (image, memory and mask tokens: nearly all of the arithmetic).  Kept fp32: the MatMuls
-  over the handful of prompt/output tokens in the decoder (a few per cent of its arithmetic on the tiny model, well
-  under 1 % at 1024 px; with every MatMul quantized, the tiny model's object score, which decides "object present",
-  had a relative RMS error of 0.74), the convs on the 1-channel mask inputs (negligible arithmetic; a bimodal input:
+  over the handful of prompt/output tokens in the decoder (about a quarter of its arithmetic on the tiny model, whose
+  image has 64 tokens, well under 1 % at 1024 px; with every MatMul quantized, the tiny model's object score, which
+  decides "object present", had a relative RMS error of 0.74), the convs on the 1-channel mask inputs (negligible arithmetic; a bimodal input:
   +-10 on prompted frames, sigmoid-scaled logits otherwise, which a random-weight model keeps within +-0.07 so one
   shared range wiped them out), and every other op (LayerNorm, Softmax, the attention masks, the bf16 rounding).
 * **The check.**  Each quantized graph is run against its fp32 graph on the recordings; a relative RMS error above
