@@ -357,6 +357,10 @@ def test_help_names_real_checkpoints_and_new_flags(capsys: pytest.CaptureFixture
         "--opset",
         "--force",
         "--image-size",
+        "--int8",
+        "--compare",
+        "--calib-frames",
+        "--point",
     ):
         assert name in text
     with pytest.raises(SystemExit):

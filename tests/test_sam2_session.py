@@ -319,7 +319,11 @@ def test_a_cancel_lands_between_objects(sam2_tiny: Any, clip: Any) -> None:
         ("bank", 8192, r"make a 16\.0 GiB memory bank per object"),
         ("recent_slots", 3, r"'recent_slots' \(3\) must be 'num_maskmem' - 1"),
         ("pointer_slots", 99, r"'pointer_slots' \(99\) must be 'cond_slots' \+ 'max_object_pointers' - 1"),
-        ("dtype", "int8", r"'dtype' must be one of float32, float16, float16-mixed"),
+        (
+            "dtype",
+            "int4",
+            r"'dtype' must be one of float32, float16, float16-mixed, int8-qdq, got 'int4'.*upgrade",
+        ),
         (
             "graph",
             "../../etc/passwd",

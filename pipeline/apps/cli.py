@@ -303,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  vostream export yonigozlan/EdgeTAM-hf --out exports/edgetam\n"
         "  vostream export facebook/sam3 --out exports/sam3   # gated: huggingface-cli login\n"
         "  vostream export ./my-finetuned-sam2 --out exports/mine --cond-slots 4 --force\n"
+        "  vostream export facebook/sam2.1-hiera-tiny --out exports/tiny-int8 --int8 clip.mp4 "
+        "--compare clip.mp4 --point 420,240\n"
         "then:\n"
         "  vostream track video.mp4 --point 420,240 --out out/run --backend onnx "
         "--model exports/sam2.1-tiny\n\n"
@@ -334,6 +336,42 @@ def build_parser() -> argparse.ArgumentParser:
         "32, EdgeTAM of 256, the SAM 3 tracker of 14",
     )
     e.add_argument("--force", action="store_true", help="replace an existing export in --out")
+    q = e.add_argument_group(
+        "INT8 and the precision report (docs/deploy.md section 3); the prompts below say what to track"
+    )
+    q.add_argument(
+        "--int8",
+        metavar="CLIP",
+        help="INT8 graphs for ONNX Runtime (static, QDQ), calibrated on your own footage: what the fp32 export "
+        "sees while tracking CLIP (video file or frames directory) from the prompts; checked against fp32",
+    )
+    q.add_argument(
+        "--calib-frames",
+        type=int,
+        default=32,
+        metavar="N",
+        help="frames of the --int8 clip used, from its start (default 32)",
+    )
+    q.add_argument(
+        "--compare",
+        metavar="CLIP",
+        help="track CLIP from the prompts with the fp32 export and this one (--fp16 or --int8) side by side: "
+        "mask IoU, max |delta logit|, size and time ratios (printed and kept in manifest.json)",
+    )
+    q.add_argument(
+        "--compare-frames",
+        type=int,
+        default=32,
+        metavar="N",
+        help="frames of the --compare clip used, from its start (default 32)",
+    )
+    q.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="ONNX Runtime intra-op threads for the calibration and the comparison (default: ORT's)",
+    )
+    _add_prompt_options(e)
     from vostream.pipeline.apps.export.atc import add_om_arguments
 
     add_om_arguments(e)
@@ -445,6 +483,17 @@ def cmd_export(args: argparse.Namespace) -> int:
         if not quiet:
             print(msg, file=sys.stderr, flush=True)
 
+    prompts = prompts_from_tokens(getattr(args, "prompt_tokens", None) or [])
+    if args.prompts_file:
+        from vostream.pipeline.apps.prompts import load_prompts_file
+
+        prompts += load_prompts_file(args.prompts_file)
+    if prompts and args.int8 is None and args.compare is None:
+        raise ConfigError(
+            "prompts are used by --int8 and --compare only (they say what to track on the clip)"
+        )
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     t0 = time.perf_counter()
     manifest = export_model(
         args.model,
@@ -452,6 +501,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         opset=args.opset or DEFAULT_OPSET,
         cond_slots=args.cond_slots,
         fp16=args.fp16,
+        int8=args.int8,
+        prompts=prompts,
+        compare=args.compare,
+        calib_frames=args.calib_frames,
+        compare_frames=args.compare_frames,
+        threads=args.threads,
+        amct=bool(args.om and args.int8 is not None),
         image_size=args.image_size,
         overwrite=args.force,
         progress=say,
@@ -461,10 +517,15 @@ def cmd_export(args: argparse.Namespace) -> int:
         f"{name} {(out / g.file).stat().st_size / 1e6:.1f} MB" for name, g in manifest.graphs.items()
     )
     print(
-        f"exported {args.model} ({manifest.family}, {manifest.image_size}px): {len(manifest.graphs)} graphs "
-        f"({sizes}; {_dir_mb(out):.1f} MB in all) to {out} in {time.perf_counter() - t0:.1f} s; "
-        f"track with: vostream track SOURCE --backend onnx --model {out}"
+        f"exported {args.model} ({manifest.family}, {manifest.image_size}px, {manifest.dtype}): "
+        f"{len(manifest.graphs)} graphs ({sizes}; {_dir_mb(out):.1f} MB in all) to {out} in "
+        f"{time.perf_counter() - t0:.1f} s; track with: vostream track SOURCE --backend onnx --model {out}"
     )
+    report = manifest.verify.get("compare")
+    if report:
+        from vostream.pipeline.apps.export.precision import describe_report
+
+        print(describe_report(manifest.dtype, report))
     from vostream.pipeline.apps.export.atc import describe, om_from_args
 
     record = om_from_args(args, manifest, out, progress=say)

@@ -441,12 +441,31 @@ def check_model(
         Check(
             "model",
             OK,
-            f"{m.family} {m.image_size}px, opset {m.opset}, C/N/Q {m.cond_slots}/"
+            f"{m.family} {m.image_size}px, {m.dtype}, opset {m.opset}, C/N/Q {m.cond_slots}/"
             f"{m.recent_slots}/{m.pointer_slots}, per object: bank {bank / 2**20:.2f} MiB + "
             f"pointers {ptrs / 2**10:.1f} KiB (fp32); .om {sum(om.values())}/{len(om)}",
             data,
         )
     )
+    if m.dtype != "float32":
+        report = m.verify.get("compare")
+        if isinstance(report, dict) and report:
+            from vostream.pipeline.apps.export.precision import describe_report
+
+            checks.append(
+                Check(
+                    "model.precision", OK, f"measured at export: {describe_report(m.dtype, report)}", report
+                )
+            )
+        else:
+            checks.append(
+                Check(
+                    "model.precision",
+                    SKIP,
+                    f"{m.dtype} export without a measured delta against fp32: re-export with "
+                    "--compare CLIP --point X,Y (docs/deploy.md section 3)",
+                )
+            )
     frames = _synthetic_clip(m.image_size)
 
     def run(factory: Callable[[Path], Any]) -> tuple[list[Any], float]:

@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import numpy as np
 
 from vostream.pipeline.apps.export.families import Family, family_for, resize_config
 from vostream.pipeline.errors import BackendError, ConfigError, Interrupted
+from vostream.pipeline.types import Frame, Prompt
 from vostream.pipeline.version import package_version
 from vostream.stages.trackers.sam2.manifest import (
     FORMAT_VERSION,
@@ -36,6 +37,8 @@ from vostream.stages.trackers.sam2.manifest import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_OPSET = 17
+#: frames of the ``--int8`` clip used for calibration (from its start)
+DEFAULT_CALIB_FRAMES = 32
 #: verification tolerance for fp32 graphs: max |onnx - torch| <= TOL * max(1, max |torch|)
 TOL = 1e-4
 
@@ -356,17 +359,17 @@ def _dedupe_constants(path: Path) -> int:
     return saved
 
 
-def _to_fp16(path: Path) -> None:
-    """Rewrite the ONNX file at ``path`` with fp16 weights and arithmetic, fp32 inputs/outputs and the
+def _to_fp16(src: Path, dst: Path) -> None:
+    """Write ``src`` (an ONNX file) to ``dst`` with fp16 weights and arithmetic, fp32 inputs/outputs and the
     :data:`FP16_KEEP_FP32` ops in fp32 (onnxruntime's converter)."""
     import onnx
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
-    model = onnx.load(str(path))
+    model = onnx.load(str(src))
     converted = convert_float_to_float16(
         model, keep_io_types=True, op_block_list=list(DEFAULT_OP_BLOCK_LIST) + list(FP16_KEEP_FP32)
     )
-    onnx.save(converted, str(path))
+    onnx.save(converted, str(dst))
 
 
 def _three(values: Any) -> tuple[float, float, float]:
@@ -411,6 +414,13 @@ def export_model(
     opset: int = DEFAULT_OPSET,
     cond_slots: int | None = None,
     fp16: bool = False,
+    int8: str | Path | None = None,
+    prompts: Sequence[Prompt] = (),
+    compare: str | Path | None = None,
+    calib_frames: int = DEFAULT_CALIB_FRAMES,
+    compare_frames: int | None = None,
+    threads: int | None = None,
+    amct: bool = False,
     image_size: int | None = None,
     overwrite: bool = False,
     progress: Callable[[str], None] | None = None,
@@ -421,10 +431,32 @@ def export_model(
     float32; inputs and outputs stay float32 (so every runtime drives them the same way).  Checked against the fp32
     PyTorch model with a looser tolerance (:data:`FP16_TOL`).
 
+    ``int8``: a video file or frames directory (the user's own footage): static INT8 (QDQ) graphs for ONNX Runtime,
+    calibrated on what the fp32 export sees while tracking its first ``calib_frames`` frames from ``prompts``, and
+    checked against the fp32 graphs on those recordings (``precision.py``).  ``amct``: also keep the fp32 graphs
+    and the recordings in ``amct/`` for the Ascend INT8 build (AMCT + ATC, ``atc.py``).
+
+    ``compare``: a clip (its first ``compare_frames`` frames) that the fp32 export and this one track side by side
+    from ``prompts`` (``threads`` intra-op threads): mask IoU, logit delta, size and time ratios, recorded in the
+    manifest (``verify["compare"]``).  Needs ``fp16`` or ``int8``.
+
     ``image_size``: export for this input size instead of the one the checkpoint was trained at (a multiple of
     :func:`image_size_step`); smaller is faster and coarser."""
     say = progress or (lambda msg: logger.info("%s", msg))
     out_dir = Path(out_dir)
+    if fp16 and int8 is not None:
+        raise ConfigError("--fp16 and --int8 exclude each other: choose one precision per export")
+    if compare is not None and not (fp16 or int8 is not None):
+        raise ConfigError("--compare measures an --fp16 or --int8 export against fp32: add one of them")
+    if amct and int8 is None:
+        raise ConfigError("the Ascend INT8 files (amct/) need --int8 CLIP")
+    calib_clip = compare_clip = None
+    if int8 is not None:
+        calib_clip = _precision().read_clip(int8, calib_frames, "--int8")
+        _precision().check_prompts(prompts, calib_clip, "--int8", int8, tracking=True)
+    if compare is not None:
+        compare_clip = _precision().read_clip(compare, compare_frames, "--compare")
+        _precision().check_prompts(prompts, compare_clip, "--compare", compare)
     if out_dir.exists() and any(out_dir.iterdir()):
         if not (out_dir / MANIFEST_NAME).is_file():
             raise ConfigError(
@@ -470,11 +502,18 @@ def export_model(
     std = _three(pre.get("image_std", family.std))
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stop = _StopOnSignals(out_dir)  # a signal removes the staging directory (below) and exits 130
+    stop = _StopOnSignals(out_dir)  # a signal removes the staging directories (below) and exits 130
     stop.install()
     staged: Path | None = None
+    fp32_staged: Path | None = None
+    precision = "int8" if int8 is not None else "fp16" if fp16 else "fp32"
     try:
         tmp = staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+        # the fp32 graphs: the export itself, or (fp16 / int8) the reference the other precision is made from and
+        # measured against, staged beside it and removed at the end
+        ref = tmp
+        if precision != "fp32":
+            ref = fp32_staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.fp32.", dir=out_dir.parent))
         gen = torch.Generator().manual_seed(0)
 
         def rnd(*shape: int, scale: float = 1.0) -> Any:
@@ -496,7 +535,7 @@ def export_model(
             """Export, verify on every feed of ``args_list``, record.  ``dynamic``: symbolic axes in the manifest;
             ``shrink``: axes dynamic in the ONNX file but kept at the first feed's size in the manifest."""
             t0 = time.perf_counter()
-            path = tmp / f"{name}.onnx"
+            path = ref / f"{name}.onnx"
             module.eval()
             with torch.no_grad():
                 outs = module(*args_list[0])
@@ -509,10 +548,10 @@ def export_model(
             _dedupe_constants(path)
             diffs = _verify(name, path, module, args_list, in_names, out_names, torch, bf16=bf16)
             if fp16:
-                _to_fp16(path)
+                _to_fp16(path, tmp / path.name)
                 diffs = _verify(
                     name,
-                    path,
+                    tmp / path.name,
                     module,
                     args_list,
                     in_names,
@@ -663,6 +702,8 @@ def export_model(
             "mask_prompt_bias": -10.0,
         }
         vs_version = package_version()
+        import dataclasses
+
         import onnx
         import onnxruntime
 
@@ -683,7 +724,7 @@ def export_model(
             num_maskmem=int(cfg.num_maskmem),
             algorithm=algorithm,
             graphs=graphs,
-            dtype="float16-mixed" if fp16 else "float32",
+            dtype="float32",
             opset=opset,
             source={
                 "model": str(model),
@@ -700,6 +741,20 @@ def export_model(
             format_version=FORMAT_VERSION,
             vostream_version=vs_version,
         )
+        manifest.write(ref)
+        if fp16:
+            manifest = dataclasses.replace(manifest, dtype="float16-mixed")
+        if calib_clip is not None:
+            assert int8 is not None
+            manifest = _int8_from(ref, tmp, manifest, int8, calib_clip, prompts, threads, amct, say)
+        if compare_clip is not None:
+            manifest.write(tmp)
+            say(f"comparing with fp32 on {compare} ({len(compare_clip)} frames, side by side)")
+            label = manifest.dtype
+            report = _precision().compare_exports(
+                ref, {label: tmp}, compare, compare_clip, prompts, threads=threads, progress=say
+            )[label]
+            manifest = dataclasses.replace(manifest, verify={**manifest.verify, "compare": report})
         manifest.write(tmp)
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -713,11 +768,61 @@ def export_model(
             raise Interrupted(f"export interrupted by a signal; nothing was written to {out_dir}") from exc
         raise
     finally:
+        if fp32_staged is not None:
+            shutil.rmtree(fp32_staged, ignore_errors=True)
         stop.restore()
     say(
-        f"wrote {out_dir} ({family.name}, {S}px, {'fp16' if fp16 else 'fp32'}, C={C} N={N} Q={Q}) in {time.perf_counter() - t_start:.1f} s"
+        f"wrote {out_dir} ({family.name}, {S}px, {precision}, C={C} N={N} Q={Q}) in {time.perf_counter() - t_start:.1f} s"
     )
     return manifest
 
 
-__all__ = ["DEFAULT_OPSET", "TOL", "export_model", "load_checkpoint"]
+def _precision() -> Any:
+    """``precision.py`` (imported on use: it needs onnxruntime)."""
+    from vostream.pipeline.apps.export import precision
+
+    return precision
+
+
+def _int8_from(
+    ref: Path,
+    out: Path,
+    manifest: Manifest,
+    clip: str | Path,
+    frames: Sequence[Frame],
+    prompts: Sequence[Prompt],
+    threads: int | None,
+    amct: bool,
+    say: Callable[[str], None],
+) -> Manifest:
+    """The INT8 export in ``out`` from the verified fp32 export in ``ref`` (its ``manifest``): record the graphs'
+    inputs while ``ref`` tracks ``frames`` from ``prompts``, quantize, check; with ``amct``, also ``out/amct/``."""
+    import dataclasses
+
+    p = _precision()
+    say(f"calibrating INT8 on {clip}: tracking {len(frames)} frames with the fp32 export")
+    store = p.FeedStore(ref / "calibration")
+    runs = p.record_calibration(ref, p.preprocess(frames, manifest), prompts, store, threads)
+    info = p.quantize_export(ref, out, manifest, store, say)
+    verify = {name: {**manifest.verify.get(name, {}), "int8": info[name]} for name in manifest.graphs}
+    verify["int8"] = {
+        "calibration_clip": str(clip),
+        "calibration_frames": len(frames),
+        "calibration_runs": runs,
+        "prompts": [{"obj_id": q.obj_id, "frame": q.frame_index} for q in prompts],
+        "format": "QDQ",
+        "weights": "int8, symmetric, per output channel",
+        "activations": "uint8, asymmetric, per tensor, MinMax over the calibration runs",
+        "op_types": list(p.INT8_OP_TYPES),
+        "min_rows": p.MIN_ROWS,
+        "check": f"relative RMS error vs fp32 <= {p.INT8_REL_RMS} per output, on the calibration runs",
+    }
+    if amct:
+        from vostream.pipeline.apps.export.atc import write_amct_inputs
+
+        write_amct_inputs(manifest, ref, store, out)
+        say(f"wrote {out.name}/amct/ (fp32 graphs and calibration data for AMCT)")
+    return dataclasses.replace(manifest, dtype=p.INT8_DTYPE, verify=verify)
+
+
+__all__ = ["DEFAULT_CALIB_FRAMES", "DEFAULT_OPSET", "TOL", "export_model", "load_checkpoint"]

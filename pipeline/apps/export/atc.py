@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from vostream.pipeline.errors import BackendError, ConfigError
-from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, load_manifest
+from vostream.stages.trackers.sam2.manifest import DTYPE_INT8, GraphSpec, Manifest, load_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,14 @@ PRECISIONS = ("fp16-mixed", "fp32")
 SCRIPT_NAME = "atc_convert.sh"
 RECORD_NAME = "atc_convert.json"
 KEEP_DTYPE_SUFFIX = ".keep_dtype.cfg"
+#: INT8 for Ascend (an export made with ``--int8 CLIP --om``): the fp32 graphs, the calibration data and AMCT's
+#: output live under this directory of the export
+AMCT_DIR = "amct"
+AMCT_RECORD = "calibration.json"
+#: AMCT writes ``<save_path>_deploy_model.onnx`` (for ATC) and ``<save_path>_fake_quant_model.onnx`` (for ORT)
+AMCT_DEPLOY_SUFFIX = "_deploy_model.onnx"
+#: at most this many calibration runs per graph go to AMCT (evenly spaced over the recorded ones)
+AMCT_MAX_BATCHES = 16
 MAX_GEARS = 100  # ATC: --dynamic_dims takes 2..100 gears
 
 #: SoC names ATC accepts for the products we target (``--soc_version``; "Ascend" + ``npu-smi info`` Name).
@@ -234,12 +242,14 @@ def atc_commands(
     cfg_dir: str | Path | None = None,
     allow_unknown_soc: bool = False,
     atc: str = "atc",
+    deploy_dir: str | Path | None = None,
 ) -> list[list[str]]:
     """One ``atc`` argv per graph of ``manifest`` (in manifest order).
 
     ``export_dir``: where the ``.onnx`` files are (paths are joined as given, so ``Path(".")`` gives relative
     commands); ``out_dir``: where ``<stem>.om`` is written (default ``export_dir``); ``cfg_dir``: where the
     ``<stem>.keep_dtype.cfg`` files are (default ``export_dir``; they are written by :func:`convert_export`).
+    ``deploy_dir`` (INT8): ATC reads AMCT's ``<stem>_deploy_model.onnx`` from there instead of the ONNX graphs.
     Raises ``ConfigError`` for an unknown SoC or precision, bad gears, or an opset no CANN parses."""
     soc = check_soc(soc_version, allow_unknown_soc)
     if precision not in PRECISIONS:
@@ -255,7 +265,7 @@ def atc_commands(
         argv = [
             atc,
             "--framework=5",
-            f"--model={base / g.file}",
+            f"--model={base / g.file if deploy_dir is None else Path(deploy_dir) / (Path(g.file).stem + AMCT_DEPLOY_SUFFIX)}",
             f"--output={out / Path(g.file).stem}",
             f"--soc_version={soc}",
             f"--input_format={'NCHW' if all_4d and not dynamic else 'ND'}",
@@ -307,6 +317,94 @@ def keep_dtype_nodes(onnx_path: str | Path, graph: str) -> dict[str, list[str]]:
     return {k: v for k, v in out.items()}
 
 
+# ------------------------------------------------------------------------------------------------ INT8 (AMCT)
+def write_amct_inputs(manifest: Manifest, fp32_dir: Path, store: Any, export_dir: Path) -> dict[str, Any]:
+    """The inputs of the Ascend INT8 build, into ``export_dir/amct/``: the fp32 graphs (AMCT quantizes those), and
+    per graph up to :data:`AMCT_MAX_BATCHES` recorded runs as raw ``.bin`` files, one directory per input
+    (``calib/<graph>/<input>/00000.bin``: C order, the manifest's static shape and dtype; AMCT's ``--data_dir``
+    layout).  The decoder's point axis K takes the value most runs had (a tracking frame: 1).  ``store``: the
+    :class:`~.precision.FeedStore` of the calibration.  Writes and returns ``amct/calibration.json``."""
+    root = Path(export_dir) / AMCT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {"graphs": {}}
+    for name, g in manifest.graphs.items():
+        shutil.copyfile(Path(fp32_dir) / g.file, root / g.file)
+        feeds = list(store.feeds(name))
+        sigs = [tuple((k, v.shape) for k, v in sorted(f.items())) for f in feeds]
+        common = collections.Counter(sigs).most_common(1)[0][0] if sigs else ()
+        chosen = [f for f, sig in zip(feeds, sigs) if sig == common]
+        if len(chosen) > AMCT_MAX_BATCHES:
+            step = len(chosen) / AMCT_MAX_BATCHES
+            chosen = [chosen[int(i * step)] for i in range(AMCT_MAX_BATCHES)]
+        inputs = []
+        for t in g.inputs:
+            d = root / "calib" / name / t.name
+            d.mkdir(parents=True, exist_ok=True)
+            for i, f in enumerate(chosen):
+                f[t.name].astype(t.dtype, copy=False).tofile(d / f"{i:05d}.bin")
+            shape = list(chosen[0][t.name].shape) if chosen else [d for d in t.shape]
+            inputs.append(
+                {"name": t.name, "shape": shape, "dtype": t.dtype, "dir": f"{AMCT_DIR}/calib/{name}/{t.name}"}
+            )
+        record["graphs"][name] = {"batch_num": len(chosen), "inputs": inputs, "model": f"{AMCT_DIR}/{g.file}"}
+    _atomic_write(root / AMCT_RECORD, json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def read_amct_record(export_dir: Path, manifest: Manifest) -> dict[str, Any]:
+    """``amct/calibration.json`` of an INT8 export, checked against ``manifest``; ``ConfigError`` when absent."""
+    path = Path(export_dir) / AMCT_DIR / AMCT_RECORD
+    try:
+        record = dict(json.loads(path.read_text()))
+        graphs = dict(record["graphs"])
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{export_dir} is an INT8 export for ONNX Runtime without the Ascend INT8 inputs ({AMCT_DIR}/): "
+            "re-export with --int8 CLIP --om (AMCT calibrates the fp32 graphs on the same recordings)"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: cannot read the AMCT calibration record: {exc}") from None
+    missing = [n for n in manifest.graphs if n not in graphs]
+    if missing:
+        raise ConfigError(f"{path}: no calibration data for {', '.join(missing)}; re-export with --int8 --om")
+    return record
+
+
+def amct_commands(
+    manifest: Manifest,
+    export_dir: str | Path,
+    record: Mapping[str, Any],
+    *,
+    save_dir: str | Path | None = None,
+    amct: str = "amct_onnx",
+) -> list[list[str]]:
+    """One ``amct_onnx calibration`` argv per graph (manifest order): the fp32 graph in ``amct/``, its calibration
+    ``.bin`` directories (one per input, ``;``-separated, in the graph's input order) with their shapes and dtypes,
+    ``--batch_num`` = the number of runs recorded for it.  AMCT writes ``<save_dir>/<stem>_deploy_model.onnx``
+    (default ``save_dir``: ``amct/out`` under ``export_dir``), which :func:`atc_commands` compiles with
+    ``deploy_dir``."""
+    base = Path(export_dir)
+    out = Path(save_dir) if save_dir is not None else base / AMCT_DIR / "out"
+    cmds = []
+    for name, g in manifest.graphs.items():
+        r = record["graphs"][name]
+        ins = list(r["inputs"])
+        cmds.append(
+            [
+                amct,
+                "calibration",
+                f"--model={base / r['model']}",
+                f"--save_path={out / Path(g.file).stem}",
+                "--input_shape="
+                + ";".join(f"{i['name']}:{','.join(str(int(d)) for d in i['shape'])}" for i in ins),
+                "--data_dir=" + ";".join(str(base / i["dir"]) for i in ins),
+                "--data_types=" + ";".join(str(i["dtype"]) for i in ins),
+                f"--batch_num={int(r['batch_num'])}",
+            ]
+        )
+    return cmds
+
+
 # ------------------------------------------------------------------------------------------------ files
 def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
     """Write ``text`` to a temporary sibling and rename it over ``path`` (readers never see half a file)."""
@@ -325,22 +423,34 @@ def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 def _script(
-    manifest: Manifest, cmds: list[list[str]], soc: str, precision: str, gears: tuple[int, ...]
+    manifest: Manifest,
+    cmds: list[list[str]],
+    soc: str,
+    precision: str,
+    gears: tuple[int, ...],
+    amct_cmds: list[list[str]] | None = None,
 ) -> str:
     lines = [
         "#!/usr/bin/env bash",
         "# Convert this vostream export's ONNX graphs to Ascend .om models (written by vostream export --om).",
         (
-            f"# SoC {soc}, precision {precision}, decoder K gears {','.join(map(str, gears))} "
-            "(points per object per frame, box corners included)."
+            f"# SoC {soc}, precision {precision}{' + INT8 (AMCT)' if amct_cmds else ''}, decoder K gears "
+            f"{','.join(map(str, gears))} (points per object per frame, box corners included)."
         ),
         "# Run it on a machine with the CANN toolkit after: source /usr/local/Ascend/ascend-toolkit/set_env.sh",
         f"# {CANN_VERSION_NOTE.format(opset=manifest.opset)}",
         "# The .om files only run on the SoC named above and with the CANN version that built them.",
-        "set -euo pipefail",
-        'cd "$(dirname "$0")"',
-        "",
     ]
+    if amct_cmds:
+        lines += [
+            "# INT8: AMCT (amct_onnx, CANN's model compression toolkit) calibrates the fp32 graphs in amct/ on the",
+            "# inputs recorded while the fp32 export tracked the --int8 clip (amct/calib/), then ATC compiles AMCT's",
+            "# deploy models; ops AMCT leaves in float follow the precision above. Not run by vostream's tests (no",
+            "# CANN there): see docs/ascend.md section 3.",
+        ]
+    lines += ["set -euo pipefail", 'cd "$(dirname "$0")"', ""]
+    for name, argv in zip(manifest.graphs, amct_cmds or []):
+        lines += [f"echo 'amct: {name}' >&2", shlex.join(argv), ""]
     for name, argv in zip(manifest.graphs, cmds):
         lines += [f"echo 'atc: {name}' >&2", shlex.join(argv), ""]
     return "\n".join(lines)
@@ -353,9 +463,15 @@ def _keep_dtype_text(graph: str, nodes: Mapping[str, list[str]]) -> str:
 
 # ------------------------------------------------------------------------------------------------ running
 def _run_one(
-    graph: str, argv: list[str], cwd: Path, say: Callable[[str], None], env: Mapping[str, str] | None
+    graph: str,
+    argv: list[str],
+    cwd: Path,
+    say: Callable[[str], None],
+    env: Mapping[str, str] | None,
+    tool: str = "atc",
 ) -> None:
-    """Run one atc command, streaming its output through ``say``; ``BackendError`` with the tail on failure."""
+    """Run one atc (or amct) command, streaming its output through ``say``; ``BackendError`` with the tail on
+    failure."""
     tail: collections.deque[str] = collections.deque(maxlen=25)
     try:
         proc = subprocess.Popen(
@@ -368,18 +484,18 @@ def _run_one(
             env=dict(env) if env is not None else None,
         )
     except OSError as exc:
-        raise BackendError(f"atc for graph {graph}: cannot start {argv[0]}: {exc}") from exc
+        raise BackendError(f"{tool} for graph {graph}: cannot start {argv[0]}: {exc}") from exc
     assert proc.stdout is not None
     with proc:
         for line in proc.stdout:
             line = line.rstrip("\n")
             tail.append(line)
-            say(f"  atc {graph}: {line}")
+            say(f"  {tool} {graph}: {line}")
         rc = proc.wait()
     if rc != 0:
         last = "\n".join(tail) or "(no output)"
         raise BackendError(
-            f"atc failed for graph {graph} (exit code {rc}); last output:\n{last}\n"
+            f"{tool} failed for graph {graph} (exit code {rc}); last output:\n{last}\n"
             f"command: {shlex.join(argv)}"
         )
 
@@ -402,6 +518,7 @@ def convert_export(
     run: bool | None = None,
     allow_unknown_soc: bool = False,
     atc: str = "atc",
+    amct: str = "amct_onnx",
     env: Mapping[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -413,16 +530,33 @@ def convert_export(
     ``keep_dtype`` (graph -> file), ``commands``, ``ran``, ``reason`` (why not run), ``om`` (graph -> produced file),
     ``seconds`` (graph -> s), ``warnings``, ``cann_version``.  Also written as ``atc_convert.json`` after a run.
     Raises ``ConfigError`` (bad options, ``atc`` missing with ``run=True``) or ``BackendError`` (ATC failed: the
-    message names the graph, the exit code and the last lines of its output)."""
+    message names the graph, the exit code and the last lines of its output).
+
+    An INT8 export (manifest ``dtype`` ``int8-qdq``, made with ``--int8 CLIP --om``) is built with AMCT first: the
+    script (and a run, which then also needs ``amct`` on ``PATH``) calibrates the fp32 graphs in ``amct/`` on the
+    recorded inputs (``amct_commands``, record key ``amct_commands``) and compiles AMCT's deploy models."""
     say = progress or (lambda msg: logger.info("%s", msg))
     export_dir = Path(export_dir)
     m = manifest if manifest is not None else load_manifest(export_dir)
     soc = check_soc(soc_version, allow_unknown_soc)
     gears = check_gears(k_gears)
+    int8 = m.dtype == DTYPE_INT8
+    amct_record = read_amct_record(export_dir, m) if int8 else None
     rel_cmds = atc_commands(
-        m, Path("."), soc_version=soc, precision=precision, k_gears=gears, allow_unknown_soc=allow_unknown_soc
+        m,
+        Path("."),
+        soc_version=soc,
+        precision=precision,
+        k_gears=gears,
+        allow_unknown_soc=allow_unknown_soc,
+        deploy_dir=Path(AMCT_DIR) / "out" if int8 else None,
     )
+    rel_amct = amct_commands(m, Path("."), amct_record) if amct_record is not None else None
     missing = [g.file for g in m.graphs.values() if not (export_dir / g.file).is_file()]
+    if amct_record is not None:
+        missing += [
+            r["model"] for r in amct_record["graphs"].values() if not (export_dir / r["model"]).is_file()
+        ]
     if missing:
         raise ConfigError(
             f"{export_dir}: graph file(s) missing: {', '.join(missing)}; re-run vostream export"
@@ -436,6 +570,8 @@ def convert_export(
         "keep_dtype": {},
         "kept_ops": {},
         "commands": rel_cmds,
+        "amct_commands": rel_amct or [],
+        "int8": int8,
         "ran": False,
         "reason": "",
         "om": {},
@@ -445,7 +581,9 @@ def convert_export(
     }
     if precision == "fp16-mixed":
         for name, g in m.graphs.items():
-            nodes = keep_dtype_nodes(export_dir / g.file, name)
+            # INT8: the float ops of AMCT's deploy model keep the fp32 graph's node names
+            src = export_dir / AMCT_DIR / g.file if int8 else export_dir / g.file
+            nodes = keep_dtype_nodes(src, name)
             unnamed = {k.split(":", 1)[1]: len(v) for k, v in nodes.items() if k.startswith("unnamed:")}
             if unnamed:
                 record["warnings"].append(
@@ -456,25 +594,31 @@ def convert_export(
             _atomic_write(path, _keep_dtype_text(name, nodes))
             record["keep_dtype"][name] = str(path)
             record["kept_ops"][name] = {k: len(v) for k, v in nodes.items() if not k.startswith("unnamed:")}
-    _atomic_write(export_dir / SCRIPT_NAME, _script(m, rel_cmds, soc, precision, gears), 0o755)
+    _atomic_write(export_dir / SCRIPT_NAME, _script(m, rel_cmds, soc, precision, gears, rel_amct), 0o755)
     say(f"wrote {export_dir / SCRIPT_NAME}")
 
-    atc_path = shutil.which(atc, path=(env or os.environ).get("PATH"))
-    if run is False or (run is None and atc_path is None):
+    path_var = (env or os.environ).get("PATH")
+    atc_path = shutil.which(atc, path=path_var)
+    amct_path = shutil.which(amct, path=path_var) if int8 else None
+    absent = [t for t, p in ((atc, atc_path), (amct, amct_path if int8 else "")) if p is None]
+    if run is False or (run is None and absent):
         record["reason"] = (
             "not requested (--no-run-atc)"
             if run is False
-            else f"{atc!r} is not on PATH (install CANN and source set_env.sh, then run {SCRIPT_NAME})"
+            else f"{' and '.join(map(repr, absent))} not on PATH (install CANN"
+            f"{' and AMCT' if amct in absent else ''} and source set_env.sh, then run {SCRIPT_NAME})"
         )
         for w in record["warnings"]:
             logger.warning("%s", w)
         return record
-    if atc_path is None:
+    if absent:
         raise ConfigError(
-            f"ATC requested but {atc!r} is not on PATH: install the CANN toolkit and "
+            f"ATC requested but {' and '.join(map(repr, absent))} not on PATH: install the CANN toolkit"
+            f"{' and AMCT (amct_onnx)' if amct in absent else ''} and "
             "'source /usr/local/Ascend/ascend-toolkit/set_env.sh' (or copy the export and run "
             f"{SCRIPT_NAME} on the Ascend host)"
         )
+    assert atc_path is not None
     cann, _src = detect_cann_version(env)
     record["cann_version"] = cann
     record["warnings"] += check_opset(m.opset, cann)
@@ -492,10 +636,26 @@ def convert_export(
             cfg_dir=export_dir.resolve(),
             allow_unknown_soc=allow_unknown_soc,
             atc=atc_path,
+            deploy_dir=tmp / AMCT_DIR if int8 else None,
+        )
+        amct_run = (
+            amct_commands(
+                m, export_dir.resolve(), amct_record, save_dir=tmp / AMCT_DIR, amct=amct_path or amct
+            )
+            if amct_record is not None
+            else [[] for _ in m.graphs]
         )
         produced: dict[str, Path] = {}
-        for (name, g), argv in zip(m.graphs.items(), cmds):
+        for (name, g), argv, amct_argv in zip(m.graphs.items(), cmds, amct_run):
             t0 = time.perf_counter()
+            if amct_argv:
+                say(f"amct: calibrating {name} on {amct_record['graphs'][name]['batch_num']} recorded runs")  # type: ignore[index]
+                _run_one(name, amct_argv, tmp, say, env, tool="amct")
+                deploy = tmp / AMCT_DIR / (Path(g.file).stem + AMCT_DEPLOY_SUFFIX)
+                if not deploy.is_file():
+                    raise BackendError(
+                        f"amct for graph {name} exited 0 but wrote no {deploy.name} in {deploy.parent}"
+                    )
             say(f"atc: converting {name} ({g.file}) for {soc}")
             _run_one(name, argv, tmp, say, env)
             om = _produced_om(tmp, Path(g.file).stem)
@@ -577,8 +737,9 @@ def om_from_args(
 def describe(record: Mapping[str, Any]) -> str:
     """One summary line for a :func:`convert_export` record."""
     if record.get("ran"):
+        precision = f"INT8 via AMCT + {record['precision']}" if record.get("int8") else record["precision"]
         return (
-            f"converted {len(record['om'])} graphs to .om for {record['soc_version']} ({record['precision']}) in "
+            f"converted {len(record['om'])} graphs to .om for {record['soc_version']} ({precision}) in "
             f"{sum(record['seconds'].values()):.1f} s"
         )
     return f"wrote {record['script']} (not run: {record['reason']})"
@@ -607,6 +768,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = [
+    "AMCT_DEPLOY_SUFFIX",
+    "AMCT_DIR",
+    "AMCT_MAX_BATCHES",
     "CANN_VERSION_NOTE",
     "DEFAULT_K_GEARS",
     "DEFAULT_SOC",
@@ -616,6 +780,7 @@ __all__ = [
     "RECORD_NAME",
     "SCRIPT_NAME",
     "add_om_arguments",
+    "amct_commands",
     "atc_commands",
     "check_gears",
     "check_opset",
@@ -626,6 +791,8 @@ __all__ = [
     "documented_opsets",
     "keep_dtype_nodes",
     "om_from_args",
+    "read_amct_record",
+    "write_amct_inputs",
 ]
 
 if __name__ == "__main__":

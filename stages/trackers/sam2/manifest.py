@@ -162,7 +162,10 @@ INT_RANGES: dict[str, tuple[int, int]] = {
 }
 #: Most bytes one object's memory bank (``[C + N, T, M]`` float32) may take.
 MAX_BANK_BYTES = 2**30
-DTYPES = ("float32", "float16", "float16-mixed")
+#: ``dtype`` of an INT8 export (``vostream export --int8``): QDQ int8 where quantized, fp32 elsewhere, graph I/O
+#: fp32 (so every runtime binds it like an fp32 export)
+DTYPE_INT8 = "int8-qdq"
+DTYPES = ("float32", "float16", "float16-mixed", DTYPE_INT8)
 
 
 def _check_fields(d: dict[str, Any], path: Path) -> None:
@@ -196,7 +199,10 @@ def _check_manifest(m: Manifest, path: Path, model_dir: Path) -> None:
             f"memory bank per object (at most {MAX_BANK_BYTES / 2**30:.0f} GiB); the manifest is damaged"
         )
     if m.dtype not in DTYPES:
-        raise ConfigError(f"{path}: 'dtype' must be one of {', '.join(DTYPES)}, got {m.dtype!r}")
+        raise ConfigError(
+            f"{path}: 'dtype' must be one of {', '.join(DTYPES)}, got {m.dtype!r} (an export from a newer "
+            "vostream? upgrade vostream)"
+        )
     root = model_dir.resolve()
     for name, g in m.graphs.items():
         where = f"{path}: graphs.{name}.file"
@@ -287,6 +293,8 @@ def load_manifest(model_dir: str | Path) -> Manifest:
 
 
 __all__ = [
+    "DTYPES",
+    "DTYPE_INT8",
     "FAMILIES",
     "FORMAT",
     "FORMAT_VERSION",
