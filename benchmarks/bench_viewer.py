@@ -4,6 +4,11 @@ a 30 fps clip played from its first frame to its last.
 
     python benchmarks/bench_viewer.py [--sizes 854x480,1280x720] [--frames 150] [--rounds 1]
                                       [--baseline REV] [--json PATH] [--screenshot PNG]
+    python benchmarks/bench_viewer.py --components [--sizes ...]
+
+``--components``: no browser; the CPU time (this thread, ms per frame) of each step of the media path on the
+scene's frames: JPEG encoders (OpenCV, and simplejpeg / Pillow when installed), scaling to a display size, COCO
+RLE (pycocotools' encode vs ``rle_counts``), packing the frame message.
 
 ``--baseline REV`` also runs the server *and the page* of git revision REV (extracted with ``git archive`` into a
 temporary folder) on the same clips, interleaved with this tree's (the order alternates per round), so the two are
@@ -92,7 +97,9 @@ def child_main(media_root: str, source: str) -> int:
                     session = next(iter(server.server.sessions.values()))
                     assert session.pipeline is not None
                     snap = session.pipeline.metrics()
-                    return {n.name.split(":")[0]: n.latency_ms_p50 for n in snap.nodes}
+                    out = {n.name.split(":")[0]: n.latency_ms_p50 for n in snap.nodes}
+                    out["age at viewer"] = snap["viewer"].age_ms_p50  # capture → viewer sink
+                    return out
 
                 print(
                     json.dumps(
@@ -256,6 +263,100 @@ def run_one(
     }
 
 
+def components(sizes: list[tuple[int, ...]], reps: int = 16) -> None:
+    """Per-step CPU ms per frame of the media path, on the translate scene's frames and tracked-size masks."""
+    import cv2
+    import numpy as np
+    from pycocotools import mask as mask_utils
+
+    from vostream.pipeline.types import rle_counts
+    from vostream.samples.scenes import render_scene
+    from vostream.sinks.websocket import PackedFrame, scale_image
+
+    def cpu_ms(fn: Any, items: list[Any]) -> float:
+        """The lowest of 5 batches (other jobs on the machine only ever add time)."""
+        fn(items[0])
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.thread_time()
+            for i in range(reps):
+                fn(items[i % len(items)])
+            best = min(best, 1000 * (time.thread_time() - t0) / reps)
+        return best
+
+    steps: dict[str, Any] = {
+        "jpeg opencv (RGB->BGR + imencode)": lambda im: cv2.imencode(
+            ".jpg", cv2.cvtColor(im, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 80]
+        )[1],
+    }
+    try:
+        import simplejpeg
+
+        steps["jpeg simplejpeg (RGB, 4:2:0)"] = lambda im: simplejpeg.encode_jpeg(
+            im, 80, colorspace="RGB", colorsubsampling="420"
+        )
+    except ImportError:
+        logger.info("simplejpeg not installed: not compared")
+    try:
+        import io
+
+        from PIL import Image
+
+        def pil(im: Any) -> bytes:
+            buf = io.BytesIO()
+            Image.fromarray(im).save(buf, "JPEG", quality=80)
+            return buf.getvalue()
+
+        steps["jpeg Pillow"] = pil
+    except ImportError:
+        pass
+    build = cv2.getBuildInformation()
+    jpeg_line = next((ln.strip() for ln in build.splitlines() if ln.strip().startswith("JPEG:")), "?")
+    print(f"OpenCV {cv2.__version__} {jpeg_line}")
+    print(f"{'step':44s} " + " ".join(f"{w}x{h:<8}" for w, h in sizes))
+    rows: dict[str, list[float]] = {}
+    for w, h in sizes:
+        scene = render_scene("translate", width=w, height=h, frames=8)
+        frames = [np.ascontiguousarray(f) for f in scene.frames]
+        masks = [np.ascontiguousarray(lab == 1) for lab in scene.labels]
+        for name, fn in steps.items():
+            rows.setdefault(name, []).append(cpu_ms(fn, frames))
+        for frac in (0.79, 0.5):
+            tw, th = round(w * frac), round(h * frac)
+            rows.setdefault(f"scale_image to {frac:.2f} + jpeg opencv", []).append(
+                cpu_ms(
+                    lambda im, tw=tw, th=th: steps["jpeg opencv (RGB->BGR + imencode)"](
+                        scale_image(im, tw, th)
+                    ),
+                    frames,
+                )
+            )
+        rows.setdefault("rle pycocotools encode (1 object)", []).append(
+            cpu_ms(lambda m: mask_utils.encode(np.asfortranarray(m[:, :, None].astype(np.uint8))), masks)
+        )
+        rows.setdefault("rle rle_counts (1 object)", []).append(cpu_ms(rle_counts, masks))
+        jpeg = bytes(steps["jpeg opencv (RGB->BGR + imencode)"](frames[0]))
+        objs = [
+            {
+                "id": 1,
+                "score": 0.9,
+                "present": True,
+                "box": [0.0] * 4,
+                "rle": {"counts": rle_counts(masks[0])},
+            }
+        ]
+        rows.setdefault("msgpack frame message", []).append(
+            cpu_ms(
+                lambda j, objs=objs: PackedFrame.pack(
+                    {"t": "frame", "seq": 1, "index": 1, "jpeg": j, "objs": objs}
+                ),
+                [jpeg],
+            )
+        )
+    for name, vals in rows.items():
+        print(f"{name:44s} " + " ".join(f"{v:8.2f} ms" for v in vals))
+
+
 def _median_runs(runs: list[dict]) -> dict:
     import numpy as np
 
@@ -291,11 +392,15 @@ def main() -> int:
     )
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--screenshot", metavar="PNG", help="save a page screenshot of the last run here")
+    ap.add_argument("--components", action="store_true", help="per-step CPU of the media path, no browser")
     ap.add_argument("--child", nargs=2, metavar=("ROOT", "SOURCE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child_main(*args.child)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.components:
+        components([tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")])
+        return 0
     from playwright.sync_api import sync_playwright
 
     sys.path.insert(0, "")
