@@ -1,5 +1,7 @@
 """The viewer sink: each tracked frame becomes one msgpack ``frame`` message (JPEG + COCO RLE per object), packed
-once and offered to every connected client's one-frame slot (``docs/protocol.md``, ``docs/viewer.md``).
+once and offered to every connected client's one-frame slot (``docs/protocol.md``, ``docs/viewer.md``).  The JPEG
+is encoded at the largest display size the session's clients asked for (``view``; :meth:`FrameHub.image_size`),
+never above the source's; masks stay at the source's size.
 
 - :class:`ClientSlot`: one client's latest-wins slot and in-flight window (acks free it).  A newer frame replaces
   an unsent one (counted as a drop for that client only); nothing else is buffered, so memory per client is at
@@ -205,8 +207,8 @@ class FrameHub:
         """The size to encode a ``width`` x ``height`` frame at: fitted in the largest display box among the
         clients (their ``view``; before any client joined, the opener's), never larger than the frame, the frame's
         aspect kept.  The frame's own size when a client has not said (an older client, a script), or when the
-        clients show it
-        at more than :data:`FULL_SIZE_ABOVE` of its size (scaling would cost more than it saves)."""
+        clients show it at more than :data:`FULL_SIZE_ABOVE` of its size (scaling would cost more than it
+        saves)."""
         with self._lock:
             views = [slot.view for slot in self._slots] or [self.view]
         if any(v is None for v in views):
