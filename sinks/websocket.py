@@ -1,5 +1,7 @@
 """The viewer sink: each tracked frame becomes one msgpack ``frame`` message (JPEG + COCO RLE per object), packed
-once and offered to every connected client's one-frame slot (``docs/protocol.md``, ``docs/viewer.md``).
+once and offered to every connected client's one-frame slot (``docs/protocol.md``, ``docs/viewer.md``).  The JPEG
+is encoded at the largest display size the session's clients asked for (``view``; :meth:`FrameHub.image_size`),
+never above the source's; masks stay at the source's size.
 
 - :class:`ClientSlot`: one client's latest-wins slot and in-flight window (acks free it).  A newer frame replaces
   an unsent one (counted as a drop for that client only); nothing else is buffered, so memory per client is at
@@ -92,6 +94,8 @@ class ClientSlot:
         self.acked = 0
         self.glass_ms = Ring()
         self.closed = False
+        #: the size (device pixels) at which this client shows frames (protocol ``view``), None: not told
+        self.view: tuple[int, int] | None = None
 
     def offer(self, frame: PackedFrame) -> None:
         """Put ``frame`` in the slot, replacing (and counting as dropped) an unsent one.  Never blocks."""
@@ -157,11 +161,14 @@ class ClientSlot:
 class FrameHub:
     """The clients of one session.  :meth:`publish` offers a packed frame to every slot without blocking."""
 
-    def __init__(self) -> None:
+    def __init__(self, view: tuple[int, int] | None = None) -> None:
         self._lock = threading.Lock()
         self._slots: list[ClientSlot] = []
         self.published = 0
         self.last: PackedFrame | None = None
+        #: the display size of the client that opened the session, used until a client has joined (the first
+        #: frame is encoded while the session opens, before its owner's slot is added)
+        self.view = view
 
     def add(self, slot: ClientSlot) -> None:
         with self._lock:
@@ -195,6 +202,42 @@ class FrameHub:
     def __len__(self) -> int:
         with self._lock:
             return len(self._slots)
+
+    def image_size(self, width: int, height: int) -> tuple[int, int]:
+        """The size to encode a ``width`` x ``height`` frame at: fitted in the largest display box among the
+        clients (their ``view``; before any client joined, the opener's), never larger than the frame, the frame's
+        aspect kept.  The frame's own size when a client has not said (an older client, a script), or when the
+        clients show it at more than :data:`FULL_SIZE_ABOVE` of its size (scaling would cost more than it
+        saves)."""
+        with self._lock:
+            views = [slot.view for slot in self._slots] or [self.view]
+        if any(v is None for v in views):
+            return width, height
+        scale = max(min(v[0] / width, v[1] / height) for v in views if v is not None)
+        if scale > FULL_SIZE_ABOVE:
+            return width, height
+        return max(MIN_IMAGE_SIDE, round(width * scale)), max(MIN_IMAGE_SIDE, round(height * scale))
+
+
+#: a frame is sent at its own size when the largest display shows it at more than this fraction of it
+FULL_SIZE_ABOVE = 0.9
+#: images are never scaled below this many pixels a side
+MIN_IMAGE_SIDE = 16
+
+
+def scale_image(image: np.ndarray, width: int, height: int) -> np.ndarray:
+    """``image`` (H, W, C) shrunk to ``width`` x ``height`` for display: halvings by pixel averaging (exact and
+    fast in OpenCV) while the target is at most half the size, then bilinear.  OpenCV's area interpolation at a
+    fractional ratio would cost several times the JPEG encoding it saves at 720p."""
+    h, w = image.shape[:2]
+    if (w, h) == (width, height):
+        return image
+    while w >= 2 * width and h >= 2 * height:
+        w, h = w // 2, h // 2
+        image = cv2.resize(image, (w, h), interpolation=cv2.INTER_AREA)
+    if (w, h) == (width, height):
+        return image
+    return cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
 
 
 @dataclass
@@ -285,7 +328,8 @@ class ViewerSink(Sink[Frame]):
 
     def write(self, frame: Frame) -> None:
         t0 = time.perf_counter()
-        bgr = cv2.cvtColor(frame.image, cv2.COLOR_RGB2BGR)
+        iw, ih = self.spec.hub.image_size(frame.width, frame.height)
+        bgr = cv2.cvtColor(scale_image(frame.image, iw, ih), cv2.COLOR_RGB2BGR)
         ok, jpeg = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, self.spec.jpeg_quality])
         if not ok:  # pragma: no cover - OpenCV fails only on empty images
             raise ConfigError(f"viewer sink: JPEG encoding of frame {frame.index} failed")
@@ -302,6 +346,8 @@ class ViewerSink(Sink[Frame]):
                 "index": int(frame.index),
                 "w": frame.width,
                 "h": frame.height,
+                "iw": iw,
+                "ih": ih,
                 "jpeg": jpeg.tobytes(),
                 "objs": objs,
                 "capture_ms": frame.capture_time * 1000.0 if frame.capture_time else 0.0,
@@ -340,6 +386,7 @@ __all__ = [
     "FrameHub",
     "PackedFrame",
     "ViewerSink",
+    "scale_image",
     "ViewerSinkSpec",
     "decode_rle_counts",
     "frame_objects",

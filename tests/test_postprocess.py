@@ -160,3 +160,45 @@ def test_bad_options() -> None:
         PostprocessStage(min_area=-1)
     with pytest.raises(ConfigError, match="threshold"):
         PostprocessStage(threshold=float("nan"))
+
+
+def _rle_cases() -> list[np.ndarray]:
+    rng = np.random.default_rng(11)
+    cases = []
+    for t in range(300):
+        h, w = (int(v) for v in rng.integers(1, 40, 2))
+        m = rng.random((h, w)) < rng.random() if t % 5 else np.zeros((h, w), bool)
+        if t % 7 == 0:
+            m[:] = True
+        if t % 11 == 0:
+            m[:, rng.integers(0, w)] = True  # a whole column: a run joined across columns
+        if t % 13 == 0:
+            m = np.zeros((h, w), bool)
+            m[rng.integers(0, h), rng.integers(0, w)] = True
+        cases.append(m)
+    small = np.zeros((120, 160), bool)
+    small[100:120, 150:160] = True  # a small box touching the bottom-right corner
+    cases.append(small)
+    column = np.zeros((120, 160), bool)
+    column[60:, 40] = column[:, 41] = column[:30, 42] = True  # small box, runs joined across columns
+    cases.append(column)
+    for t in range(100):  # small boxes (the runs-in-the-box path), some full-height and narrow (joined runs)
+        h, w = (int(v) for v in rng.integers(20, 120, 2))
+        bh = h if t % 3 == 0 else int(rng.integers(1, h // 2 + 1))
+        bw = int(rng.integers(1, max(2, w // 8)))
+        y, x = int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1))
+        m = np.zeros((h, w), bool)
+        m[y : y + bh, x : x + bw] = rng.random((bh, bw)) < rng.uniform(0.3, 1.0)
+        cases.append(m)
+    return cases
+
+
+def test_rle_counts_are_pycocotools_strings() -> None:
+    """``rle_counts`` (runs found inside the mask's box) gives pycocotools' own string for every mask: empty,
+    full, speckled, single pixels, masks on the frame's border, runs that go on from one column to the next, and
+    boxes both below and above the quarter-frame size where it switches to the whole-frame encoder."""
+    from vostream.pipeline.types import rle_counts
+
+    for i, m in enumerate(_rle_cases()):
+        want = mask_utils.encode(np.asfortranarray(m[:, :, None].astype(np.uint8)))[0]["counts"].decode()
+        assert rle_counts(m) == want, f"case {i}: {m.shape}"

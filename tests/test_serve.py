@@ -21,7 +21,7 @@ from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
 from vostream.pipeline.apps.serve.session import SessionOptions
 from vostream.pipeline.errors import ConfigError
 from vostream.samples.scenes import render_scene, write_scene
-from vostream.sinks.websocket import ClientSlot, PackedFrame
+from vostream.sinks.websocket import FULL_SIZE_ABOVE, ClientSlot, FrameHub, PackedFrame, scale_image
 
 W, H = 160, 120
 
@@ -105,6 +105,11 @@ def ack(ws, m: dict) -> None:
         (pack({"t": "seek", "frame": True}), "bad_message"),
         (pack({"t": "export", "format": "xml"}), "out_of_range"),
         (pack({"t": "hello", "v": 1, "inflight": 99}), "out_of_range"),
+        (pack({"t": "view", "w": 0, "h": 360}), "out_of_range"),
+        (pack({"t": "view", "w": 640, "h": 20000}), "out_of_range"),
+        (pack({"t": "view", "w": 640.5, "h": 360}), "bad_message"),
+        (pack({"t": "view", "w": 640}), "bad_message"),
+        (pack({"t": "view", "w": 640, "h": 360, "dpr": 2}), "bad_message"),
     ],
 )
 def test_parse_rejects(msg: bytes, code: str) -> None:
@@ -125,6 +130,7 @@ def test_parse_accepts_every_client_type() -> None:
         {"t": "export", "format": "png"},
         {"t": "ack", "seq": 1, "recv_ms": 1.0, "draw_ms": 2.0},
         {"t": "ping", "id": 1, "client_ms": 3.0},
+        {"t": "view", "w": 640, "h": 360},
     ]
     msgs += [{"t": t} for t in ("play", "pause", "step", "reset", "close")]
     for m in msgs:
@@ -151,6 +157,45 @@ def test_client_slot_latest_wins_and_inflight() -> None:
     assert slot.stats()["latency_ms"]["n"] == 1
     m = msgpack.unpackb(frames[5].finish(123.0))
     assert m["seq"] == 6 and m["sent_ms"] == 123.0
+
+
+def test_image_size_follows_the_largest_display_never_upscaled() -> None:
+    hub = FrameHub()
+    assert hub.image_size(1280, 720) == (1280, 720), "no client: the frame's own size"
+    assert FrameHub(view=(640, 640)).image_size(1280, 720) == (640, 360), "no client yet: the opener's view"
+    a, b = ClientSlot(), ClientSlot()
+    hub.add(a)
+    assert hub.image_size(1280, 720) == (1280, 720), "a client that did not say its size gets the full frame"
+    a.view = (640, 360)
+    assert hub.image_size(1280, 720) == (640, 360)
+    a.view = (640, 600)  # a window of another shape: the frame's aspect is kept, fitted inside
+    assert hub.image_size(1280, 720) == (640, 360)
+    hub.add(b)
+    assert hub.image_size(1280, 720) == (1280, 720), "the second client has not said: full size"
+    b.view = (320, 180)
+    assert hub.image_size(1280, 720) == (640, 360), "the largest display wins"
+    b.view = (2560, 1440)
+    assert hub.image_size(1280, 720) == (1280, 720), "never upscaled"
+    b.view = (int(1280 * FULL_SIZE_ABOVE) + 8, 720)
+    assert hub.image_size(1280, 720) == (1280, 720), "almost full size: not worth scaling"
+    hub.remove(b)
+    a.view = (1, 1)
+    assert hub.image_size(1280, 720) == (16, 16), "a floor on tiny views"
+
+
+@pytest.mark.parametrize("size", [(640, 360), (1010, 568), (300, 169), (1280, 720)])
+def test_scale_image_is_close_to_area_averaging(size: tuple[int, int]) -> None:
+    import cv2
+
+    scene = render_scene("translate", width=1280, height=720, frames=2)
+    img = np.ascontiguousarray(scene.frames[1])
+    out = scale_image(img, *size)
+    assert out.shape == (size[1], size[0], 3) and out.dtype == np.uint8
+    if size == (1280, 720):
+        assert out is img, "no copy at full size"
+        return
+    ref = cv2.resize(img, size, interpolation=cv2.INTER_AREA)
+    assert np.abs(out.astype(int) - ref).mean() < 4.0
 
 
 # -- over the wire ------------------------------------------------------------------------------------------------
@@ -208,6 +253,58 @@ def test_round_trip_of_every_message(server: ServerThread) -> None:
         assert recv(ws, "closed")["reason"] == "closed"
         ws.send(pack({"t": "play"}))
         assert recv(ws, "error")["code"] == "no_session"
+
+
+def _jpeg_size(m: dict) -> tuple[int, int]:
+    import cv2
+
+    img = cv2.imdecode(np.frombuffer(m["jpeg"], np.uint8), cv2.IMREAD_COLOR)
+    return img.shape[1], img.shape[0]
+
+
+def test_view_sets_the_image_size_masks_stay_at_source_size(server: ServerThread) -> None:
+    """``view``: frames are encoded at the largest display size of the session's clients (never more than the
+    source); masks, boxes and coordinates stay in source pixels; a client that says nothing gets full frames."""
+    ws = connect(f"ws://127.0.0.1:{server.port}/ws", max_size=2**24)
+    with ws:
+        hello(ws)
+        ws.send(pack({"t": "view", "w": 80, "h": 80}))  # before open: kept for the session to come
+        ws.send(pack({"t": "open", "source": "clip.mp4"}))
+        info = recv(ws, "opened")
+        m = recv(ws, "frame")
+        assert (m["w"], m["h"], m["iw"], m["ih"]) == (W, H, 80, 60) and _jpeg_size(m) == (80, 60)
+        ack(ws, m)
+        ws.send(pack({"t": "prompt", "obj": 1, "frame": 0, "points": [[60, 60]]}))
+        m = recv(ws, "frame")
+        assert m["objs"][0]["rle"]["size"] == [H, W], "masks stay at the source size"
+        assert _jpeg_size(m) == (80, 60)
+        ack(ws, m)
+
+        watcher = connect(f"ws://127.0.0.1:{server.port}/ws", max_size=2**24)
+        with watcher:
+            hello(watcher)
+            watcher.send(pack({"t": "watch", "session": info["session"]}))
+            recv(watcher, "opened")
+            ack(watcher, recv(watcher, "frame"))  # the held frame
+            ws.send(pack({"t": "step"}))
+            m = recv(ws, "frame")
+            assert (m["iw"], m["ih"]) == (W, H) and _jpeg_size(m) == (W, H), (
+                "a client without view: full size"
+            )
+            ack(ws, m)
+            ack(watcher, recv(watcher, "frame"))
+            watcher.send(pack({"t": "view", "w": 40, "h": 30}))
+            watcher.send(pack({"t": "ping", "id": 1, "client_ms": 0.0}))
+            recv(watcher, "pong")  # the view was taken
+            ws.send(pack({"t": "step"}))
+            m = recv(ws, "frame")
+            assert _jpeg_size(m) == (80, 60), "the larger of the two displays"
+            ack(ws, m)
+            ack(watcher, recv(watcher, "frame"))
+        ws.send(pack({"t": "view", "w": 4000, "h": 3000}))
+        ws.send(pack({"t": "step"}))
+        m = recv(ws, "frame")
+        assert (m["iw"], m["ih"]) == (W, H) and _jpeg_size(m) == (W, H), "never upscaled"
 
 
 def test_bad_messages_get_errors_and_server_stays_up(server: ServerThread) -> None:

@@ -209,3 +209,117 @@ def test_viewer_figures_in_chromium(scene_media, browser) -> None:
         assert 0.6 * scene.fps <= fps <= 1.5 * scene.fps, (fps, scene.fps)
         assert max(page.evaluate("window.__vostream.lat")) < 1000
         page.close()
+
+
+def _mask_cases() -> list[tuple[str, np.ndarray]]:
+    h, w = 37, 53
+    yy, xx = np.mgrid[0:h, 0:w]
+    rng = np.random.default_rng(3)
+    blob = (xx - 30) ** 2 / 120 + (yy - 15) ** 2 / 40 < 1
+    blob[14:17, 28:33] = False  # a hole: its rim is contour too
+    border = np.zeros((h, w), bool)
+    border[:, 0] = border[-1, :] = True  # touches the frame's left and bottom edges
+    columns = np.zeros((h, w), bool)
+    columns[5:, 10] = columns[:, 11] = columns[:20, 12] = True  # runs that wrap from one column to the next
+    speckle = rng.random((h, w)) < 0.3
+    corner = np.zeros((h, w), bool)
+    corner[0, 0] = True
+    return [
+        ("blob", blob),
+        ("border", border),
+        ("columns", columns),
+        ("speckle", speckle),
+        ("corner", corner),
+    ]
+
+
+@pytest.mark.parametrize("name", [n for n, _ in _mask_cases()])
+def test_mask_layer_paints_what_numpy_expects(scene_media, browser, name) -> None:
+    """The viewer's mask decoder and painter (one object's layer: its bounding box, translucent fill, opaque
+    contour) against the same rule computed with numpy on masks made to hit the edge cases: holes, the frame's
+    border, runs that wrap from one column to the next, speckle, a single pixel."""
+    from pycocotools import mask as mask_utils
+
+    mask = dict(_mask_cases())[name]
+    h, w = mask.shape
+    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+    root, _ = scene_media
+    with ServerThread(ServerConfig(port=0, media_root=str(root))) as server:
+        page = browser.new_page()
+        page.goto(server.url)
+        page.wait_for_function("window.__vostreamApi !== undefined", timeout=20000)
+        got = page.evaluate(
+            """([counts, w, h]) => {
+                const L = window.__vostreamApi.maskLayer({counts, size: [h, w]}, [128, 0, 0], w, h);
+                if (!L.canvas) return {area: L.area};
+                const c = L.canvas, d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+                return {area: L.area, x0: L.x0, y0: L.y0, bw: c.width, bh: c.height, alpha: Array.from(d.filter(
+                    (_, i) => i % 4 === 3)), red: Array.from(d.filter((_, i) => i % 4 === 0))};
+            }""",
+            [rle["counts"].decode("ascii"), w, h],
+        )
+        page.close()
+    assert got["area"] == int(mask.sum())
+    ys, xs = np.nonzero(mask)
+    # the layer covers the mask (a run wrapping into the next column widens it to the full height)
+    x0, y0 = got["x0"], got["y0"]
+    assert x0 == xs.min() and x0 + got["bw"] - 1 == xs.max()
+    assert y0 <= ys.min() and y0 + got["bh"] - 1 >= ys.max()
+    padded = np.pad(mask, 1)
+    inner = padded[:-2, 1:-1] & padded[2:, 1:-1] & padded[1:-1, :-2] & padded[1:-1, 2:]
+    inner[0, :] = inner[-1, :] = inner[:, 0] = inner[:, -1] = False  # the frame's border is contour
+    want = np.where(mask, np.where(inner, 115, 255), 0)[y0 : y0 + got["bh"], x0 : x0 + got["bw"]]
+    alpha = np.asarray(got["alpha"]).reshape(got["bh"], got["bw"])
+    np.testing.assert_array_equal(alpha, want)
+    red = np.asarray(got["red"]).reshape(got["bh"], got["bw"])
+    assert np.all(np.abs(red[alpha > 0] - 128) <= 2), "the object's colour"
+
+
+def test_frames_come_at_display_size_in_chromium(browser, tmp_path) -> None:
+    """A window smaller than the video: the viewer tells the server its display size (`view`), gets frames that
+    size, still maps clicks to source pixels and draws the masks over the object; a larger window gets the full
+    frame again (never more)."""
+    w, h = 640, 480
+    scene = render_scene("translate", width=w, height=h, frames=12)
+    write_scene(scene, tmp_path / "clip.mp4")
+    with ServerThread(ServerConfig(port=0, media_root=str(tmp_path), default_source="clip.mp4")) as server:
+        page = browser.new_page()
+        page.set_viewport_size({"width": 560, "height": 420})
+        page.goto(server.url)
+        page.wait_for_function("window.__vostream && window.__vostream.frames >= 1", timeout=20000)
+        st = page.evaluate("window.__vostream")
+        iw, ih = st["imageSize"]
+        vw, vh = st["view"]
+        assert iw < w and abs(iw / ih - w / h) < 0.02, st["imageSize"]
+        assert (iw == vw and ih <= vh) or (ih == vh and iw <= vw), "fitted in the page's box"
+        assert page.evaluate("[view.width, view.height]") == [iw, ih], "the canvas holds the image as sent"
+        grab = "Array.from(view.getContext('2d').getImageData(0, 0, view.width, view.height).data)"
+        before = np.asarray(page.evaluate(grab), int).reshape(ih, iw, 4)[..., :3]
+
+        box = page.locator("#view").bounding_box()
+        x, y = scene.click(1)
+        page.mouse.click(box["x"] + (x + 0.5) * box["width"] / w, box["y"] + (y + 0.5) * box["height"] / h)
+        page.wait_for_function("window.__vostream.masksDrawn >= 1", timeout=15000)
+        st = page.evaluate("window.__vostream")
+        session = server.call(lambda: next(iter(server.server.sessions.values())))
+        row = dict(session.record.items())[0].rows[0]
+        pred = decode_rle_counts(row[4], h, w)
+        assert st["areaByIndex"]["0"]["1"] == int(pred.sum()), "the browser decoded the server's mask"
+        assert iou(pred, scene.labels[0] == 1) > 0.7, "the click landed on the object (source pixels)"
+
+        after = np.asarray(page.evaluate(grab), int).reshape(ih, iw, 4)[..., :3]
+        changed = np.abs(after - before).sum(axis=2) > 30
+        import cv2
+
+        where = cv2.resize(pred.astype(np.uint8), (iw, ih), interpolation=cv2.INTER_NEAREST) > 0
+        near = cv2.dilate(where.astype(np.uint8), np.ones((5, 5), np.uint8)) > 0
+        assert changed.sum() > 0.5 * where.sum(), "the mask is drawn"
+        assert changed[near].sum() > 0.95 * changed.sum(), "the mask is drawn where the object is"
+
+        page.set_viewport_size({"width": 1400, "height": 900})
+        page.wait_for_function(f"window.__vostream.view && window.__vostream.view[0] >= {w}", timeout=5000)
+        page.keyboard.press(".")  # step: the next frame comes at the new size
+        page.wait_for_function("window.__vostream.lastIndex >= 1", timeout=15000)
+        assert page.evaluate("window.__vostream.imageSize") == [w, h], "full size, never more"
+        assert page.evaluate("window.__vostream.errors.length") == 0
+        page.close()

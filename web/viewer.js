@@ -15,12 +15,14 @@
   const S = {
     ws: null, session: null, watcher: false, width: 0, height: 0, frames: null, seekable: false,
     playing: false, ended: false, index: -1, objects: new Map(), selected: null, offset: 0, offsetKnown: false,
+    view: null,
     clock: [], pingId: 0, pingTimer: null, pending: null, drawing: false, lastMsg: null, drag: null, caps: null,
   };
   const stats = {
     connected: false, frames: 0, masksDrawn: 0, clientDrops: 0, serverDrops: 0, lastIndex: -1, lastSeq: 0,
     lat: [], p50: null, p95: null, fps: 0, objs: {}, areaByIndex: {}, errors: [], state: null, session: null,
     promptsSent: 0, server: null, drawTimes: [], redraws: 0, offset: null, rtt: null, pongs: 0,
+    masksDecoded: 0, imageSize: null, view: null,
   };
   window.__vostream = stats;
 
@@ -74,6 +76,8 @@
       stats.connected = true;
       setStatus("connected");
       send({ t: "hello", v: 1, client: "vostream-web", inflight: 2 });
+      S.view = null;
+      fitView();  // before any open: the first frame already comes at the display's size
       // pings spread over time, not in the busy first moments (hello, open, first frame): a few early ones,
       // then one every 2 s; the offset is re-estimated from the window of the last CLOCK_SAMPLES
       for (const ms of [300, 700, 1200]) setTimeout(ping, ms);
@@ -109,7 +113,9 @@
         frames: msg.frames, seekable: msg.seekable, index: -1 });
       stats.session = msg.session;
       if (!msg.watcher) S.objects.clear();
+      maskCache.clear();
       canvas.width = msg.width; canvas.height = msg.height;
+      fitView();
       $("seek").max = Math.max(0, (msg.frames || 1) - 1);
       $("seek").disabled = !msg.seekable || msg.watcher;
       setStatus(`${msg.source} ${msg.width}x${msg.height}${msg.watcher ? " (watching)" : ""}`);
@@ -157,7 +163,12 @@
   };
 
   // ---- drawing ------------------------------------------------------------------------------------------------
-  let overlay = null, overlayImg = null, maskBuf = null;
+  // Masks cost in proportion to the object, not the frame: each object's RLE is decoded into a buffer the size of
+  // its bounding box, painted once into a small canvas, and that canvas is reused as long as the object's RLE
+  // string is the same (a still object, a redraw after a click).  The frame itself is drawn at the size the
+  // server sent (iw x ih: the display size the viewer asked for with `view`, never more than the source); masks
+  // and prompts are drawn in source pixels through a scale transform.
+  const maskCache = new Map();  // object id → {counts, x0, y0, canvas, area}
 
   function decodeCounts(s) {  // pycocotools rleFrString
     const cnts = [];
@@ -174,30 +185,66 @@
     return cnts;
   }
 
-  // Decode one object's RLE into maskBuf (row-major 0/1) and paint it into the overlay; returns its area.
-  function paintMask(rle, rgb, w, h, data) {
+  // One object's mask layer: its bounding box in source pixels and a canvas of that size with the mask painted
+  // translucent and its contour opaque (a pixel is contour when a 4-neighbour is background or it lies on the
+  // frame's border).  Runs are column-major over the whole frame (COCO); the work is per foreground pixel.
+  function maskLayer(rle, rgb, w, h) {
     const cnts = decodeCounts(rle.counts);
-    maskBuf.fill(0);
-    let k = 0, area = 0, val = 0;
-    for (const n of cnts) {
-      if (val) {
-        for (let j = k; j < k + n; j++) maskBuf[(j % h) * w + ((j / h) | 0)] = 1;  // column-major
+    let x0 = w, x1 = -1, y0 = h, y1 = -1, area = 0;
+    for (let i = 1, k = cnts[0] || 0; i < cnts.length; i += 2) {
+      const n = cnts[i];
+      if (n > 0) {
+        const cx0 = (k / h) | 0, cx1 = ((k + n - 1) / h) | 0;
+        if (cx0 < x0) x0 = cx0;
+        if (cx1 > x1) x1 = cx1;
+        if (cx0 !== cx1) { y0 = 0; y1 = h - 1; } else {
+          const ya = k - cx0 * h, yb = ya + n - 1;
+          if (ya < y0) y0 = ya;
+          if (yb > y1) y1 = yb;
+        }
         area += n;
       }
-      k += n; val ^= 1;
+      k += n + (cnts[i + 1] || 0);
     }
-    for (let y = 0; y < h; y++) {
-      const row = y * w;
-      for (let x = 0; x < w; x++) {
+    if (!area) return { x0: 0, y0: 0, canvas: null, area: 0 };
+    const bw = x1 - x0 + 1, bh = y1 - y0 + 1;
+    const m = new Uint8Array(bw * bh);
+    for (let i = 1, k = cnts[0] || 0; i < cnts.length; i += 2) {
+      const n = cnts[i];
+      let x = (k / h) | 0, y = k - x * h;
+      for (let j = 0; j < n; j++) {
+        m[(y - y0) * bw + (x - x0)] = 1;
+        if (++y === h) { y = 0; x++; }
+      }
+      k += n + (cnts[i + 1] || 0);
+    }
+    const img = new ImageData(bw, bh), data = img.data;
+    for (let y = 0; y < bh; y++) {
+      const row = y * bw, top = y === 0, bottom = y === bh - 1;
+      const frameEdge = y + y0 === 0 || y + y0 === h - 1;
+      for (let x = 0; x < bw; x++) {
         const i = row + x;
-        if (!maskBuf[i]) continue;
-        const edge = x === 0 || y === 0 || x === w - 1 || y === h - 1 || !maskBuf[i - 1] || !maskBuf[i + 1] ||
-          !maskBuf[i - w] || !maskBuf[i + w];
+        if (!m[i]) continue;
+        const edge = frameEdge || x + x0 === 0 || x + x0 === w - 1 ||
+          x === 0 || !m[i - 1] || x === bw - 1 || !m[i + 1] ||
+          top || !m[i - bw] || bottom || !m[i + bw];
         const o = i * 4;
         data[o] = rgb[0]; data[o + 1] = rgb[1]; data[o + 2] = rgb[2]; data[o + 3] = edge ? 255 : 115;
       }
     }
-    return area;
+    const canvas = new OffscreenCanvas(bw, bh);
+    canvas.getContext("2d").putImageData(img, 0, 0);
+    return { x0, y0, canvas, area };
+  }
+
+  function layerFor(o, w, h) {
+    const cached = maskCache.get(o.id);
+    if (cached && cached.counts === o.rle.counts && cached.w === w && cached.h === h) return cached;
+    const layer = maskLayer(o.rle, S.objects.get(o.id).color, w, h);
+    Object.assign(layer, { counts: o.rle.counts, w, h });
+    maskCache.set(o.id, layer);
+    stats.masksDecoded++;
+    return layer;
   }
 
   async function drawLoop() {
@@ -212,36 +259,32 @@
   async function drawFrame(msg) {
     const first = !msg.drawn;  // a redraw (after a click) is no new frame: no ack, no latency or fps sample
     msg.drawn = true;
-    const bitmap = await createImageBitmap(new Blob([msg.jpeg], { type: "image/jpeg" }));
-    const w = msg.w, h = msg.h;
-    if (canvas.width !== w || canvas.height !== h) { canvas.width = w; canvas.height = h; }
-    if (!overlay || overlay.width !== w || overlay.height !== h) {
-      overlay = new OffscreenCanvas(w, h);
-      overlayImg = new ImageData(w, h);
-      maskBuf = new Uint8Array(w * h);
-    }
-    ctx.drawImage(bitmap, 0, 0);
-    bitmap.close();
-    overlayImg.data.fill(0);
+    if (!msg.bitmap) msg.bitmap = await createImageBitmap(new Blob([msg.jpeg], { type: "image/jpeg" }));
+    const w = msg.w, h = msg.h, iw = msg.iw || w, ih = msg.ih || h;
+    if (canvas.width !== iw || canvas.height !== ih) { canvas.width = iw; canvas.height = ih; }
+    if (S.lastMsg && S.lastMsg !== msg && S.lastMsg.bitmap) { S.lastMsg.bitmap.close(); S.lastMsg.bitmap = null; }
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.drawImage(msg.bitmap, 0, 0);
+    ctx.setTransform(iw / w, 0, 0, ih / h, 0, 0);  // from here on: source pixels
+    ctx.imageSmoothingEnabled = iw < w;  // masks are shown at display size: smooth only when shrinking
     const areas = {};
     let drawn = 0;
     for (const o of msg.objs) {
       if (!o.present || !o.rle) { areas[o.id] = 0; continue; }
       ensureObject(o.id);
-      areas[o.id] = paintMask(o.rle, S.objects.get(o.id).color, w, h, overlayImg.data);
-      drawn++;
-    }
-    if (drawn) {
-      overlay.getContext("2d").putImageData(overlayImg, 0, 0);
-      ctx.drawImage(overlay, 0, 0);
+      const layer = layerFor(o, w, h);
+      areas[o.id] = layer.area;
+      if (layer.canvas) { ctx.drawImage(layer.canvas, layer.x0, layer.y0); drawn++; }
     }
     drawPrompts(msg.index);
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
     S.lastMsg = msg; S.index = msg.index;
     const drawMs = now();
     stats.objs = {};
     for (const o of msg.objs) stats.objs[o.id] = { area: areas[o.id], present: o.present, box: o.box, score: o.score };
     stats.areaByIndex[msg.index] = areas;
-    if (!first) { stats.redraws++; renderStats(); return; }
+    stats.imageSize = [iw, ih];
+    if (!first) { stats.redraws++; renderStats(true); return; }
     send({ t: "ack", seq: msg.seq, recv_ms: msg.recv_ms + S.offset, draw_ms: drawMs + S.offset });
     // stats for the overlay and the tests
     stats.frames++; stats.masksDrawn += drawn; stats.lastIndex = msg.index;
@@ -254,17 +297,16 @@
       stats.drawTimes.push(drawMs);
       if (stats.drawTimes.length > 60) stats.drawTimes.shift();
     }
-    $("frameno").textContent = `${msg.index}${S.frames ? " / " + (S.frames - 1) : ""}`;
-    renderStats();
+    renderStats(false);
   }
 
   function drawPrompts(index) {
     for (const [id, obj] of S.objects) {
       const p = obj.prompts.get(index);
       if (!p) continue;
-      ctx.lineWidth = Math.max(1, canvas.width / 400);
+      ctx.lineWidth = Math.max(1, S.width / 400);  // source pixels (drawFrame's transform)
       p.points.forEach(([x, y], i) => {
-        ctx.beginPath(); ctx.arc(x, y, Math.max(3, canvas.width / 160), 0, 2 * Math.PI);
+        ctx.beginPath(); ctx.arc(x, y, Math.max(3, S.width / 160), 0, 2 * Math.PI);
         ctx.fillStyle = p.labels[i] ? "#2ecc40" : "#ff4136"; ctx.fill();
         ctx.strokeStyle = "#fff"; ctx.stroke();
       });
@@ -283,9 +325,20 @@
     return s[lo] + (s[hi] - s[lo]) * (pos - lo);
   }
 
-  function renderStats() {
+  // The figures are computed on every call; the overlay's text (and the frame number) are written at most every
+  // STATS_EVERY_MS, plus once after the last call: a text change costs the page a style and layout pass, which at
+  // 30 fps was a good part of the main thread's time per frame.
+  const STATS_EVERY_MS = 250;
+  let statsShown = 0, statsTimer = null;
+  function renderStats(force = true) {
     stats.p50 = pct(stats.lat, 0.5); stats.p95 = pct(stats.lat, 0.95);
     stats.fps = S.playing ? fpsOf(stats.drawTimes) : 0;
+    const t = performance.now();
+    if (!force && t - statsShown < STATS_EVERY_MS) {
+      if (!statsTimer) statsTimer = setTimeout(() => { statsTimer = null; renderStats(true); }, STATS_EVERY_MS);
+      return;
+    }
+    statsShown = t;
     const f = (v) => (v == null || Number.isNaN(v) ? "–" : v.toFixed(1));
     const srv = stats.server;
     $("stats").textContent =
@@ -293,6 +346,7 @@
       `latency p50 ${f(stats.p50)} ms  p95 ${f(stats.p95)} ms\n` +
       `drops ${stats.serverDrops} server + ${stats.clientDrops} client\n` +
       (srv ? `track ${f(srv.fps.track)} fps  encode ${f(srv.server_ms.p50)} ms` : "");
+    if (stats.lastIndex >= 0) $("frameno").textContent = `${stats.lastIndex}${S.frames ? " / " + (S.frames - 1) : ""}`;
   }
 
   // ---- objects ------------------------------------------------------------------------------------------------
@@ -339,11 +393,12 @@
   }
 
   // ---- input --------------------------------------------------------------------------------------------------
-  function toSource(e) {  // CSS pixels → source pixels, at any window size
+  function toSource(e) {  // CSS pixels → source pixels, at any window size and whatever size the image came in
     const r = canvas.getBoundingClientRect();
-    const x = ((e.clientX - r.left) * canvas.width) / r.width;
-    const y = ((e.clientY - r.top) * canvas.height) / r.height;
-    return [Math.min(canvas.width - 1, Math.max(0, x)), Math.min(canvas.height - 1, Math.max(0, y))];
+    const w = S.width || canvas.width, h = S.height || canvas.height;
+    const x = ((e.clientX - r.left) * w) / r.width;
+    const y = ((e.clientY - r.top) * h) / r.height;
+    return [Math.min(w - 1, Math.max(0, x)), Math.min(h - 1, Math.max(0, y))];
   }
 
   function addPrompt(point, label, box) {
@@ -380,6 +435,31 @@
     }
   });
 
+  // ---- display size ---------------------------------------------------------------------------------------------
+  // The canvas is shown as large as the page allows (never larger than the source).  The server is told the box
+  // the page has for it, in device pixels (`view`, at connect and after a resize): it fits the frame in that box
+  // and encodes the JPEG at that size instead of the source's (docs/viewer.md § Display size).
+  function fitView() {
+    const stage = $("stage");
+    const availW = Math.max(1, stage.clientWidth), availH = Math.max(1, window.innerHeight - 70);
+    if (S.width && S.height) {
+      const scale = Math.min(1, availW / S.width, availH / S.height);
+      canvas.style.width = `${Math.floor(S.width * scale)}px`;
+      canvas.style.height = `${Math.floor(S.height * scale)}px`;
+    }
+    const dpr = window.devicePixelRatio || 1;
+    const vw = Math.min(16384, Math.round(availW * dpr)), vh = Math.min(16384, Math.round(availH * dpr));
+    if (!S.view || S.view[0] !== vw || S.view[1] !== vh) {
+      S.view = [vw, vh]; stats.view = S.view;
+      send({ t: "view", w: vw, h: vh });
+    }
+  }
+  let fitTimer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(fitTimer);
+    fitTimer = setTimeout(fitView, 150);  // one message per resize gesture, not one per pixel
+  });
+
   function openSource(src) { if (src) send({ t: "open", source: src }); }
   function togglePlay() { send({ t: S.playing ? "pause" : "play" }); }
   function doExport(format) { send({ t: "export", format }); }
@@ -413,6 +493,7 @@
   window.__vostreamApi = {
     newObject, removeObject, send, select: (id) => { S.selected = id; renderObjects(); },
     clockOffset, fpsOf, latencySample, pct,  // the figures' computations, for the tests
+    maskLayer, decodeCounts,  // the mask decoder and painter, for the tests
   };
   connect();
 })();

@@ -25,6 +25,8 @@ MAX_POINTS = 64
 MAX_OBJ_ID = 255
 MAX_SOURCE_CHARS = 1024
 MAX_INFLIGHT = 8
+#: the largest ``view`` side a client may ask for (device pixels)
+MAX_VIEW_SIDE = 16384
 EXPORT_FORMATS = ("json", "png")
 
 
@@ -95,13 +97,21 @@ class Ping:
 
 
 @dataclass(frozen=True)
+class View:
+    """The size (device pixels) at which the client shows frames; the server encodes images no larger."""
+
+    w: int
+    h: int
+
+
+@dataclass(frozen=True)
 class Simple:
     """``play``, ``pause``, ``step``, ``reset``, ``close``: no fields."""
 
     t: str
 
 
-ClientMessage = Hello | Open | Watch | PromptMsg | Remove | Seek | Export | Ack | Ping | Simple
+ClientMessage = Hello | Open | Watch | PromptMsg | Remove | Seek | Export | Ack | Ping | View | Simple
 
 _SIMPLE = ("play", "pause", "step", "reset", "close")
 #: per type: required keys, optional keys
@@ -115,6 +125,7 @@ _KEYS: dict[str, tuple[set[str], set[str]]] = {
     "export": ({"format"}, set()),
     "ack": ({"seq", "recv_ms", "draw_ms"}, set()),
     "ping": ({"id", "client_ms"}, set()),
+    "view": ({"w", "h"}, set()),
     **{name: (set(), set()) for name in _SIMPLE},
 }
 MESSAGE_TYPES = tuple(_KEYS)
@@ -217,6 +228,8 @@ def parse_client_message(data: bytes | bytearray | memoryview | str) -> ClientMe
         )
     if t == "ping":
         return Ping(_int(msg, "id", t, 0, 2**31), _num(msg["client_ms"], "ping.client_ms", t))
+    if t == "view":
+        return View(_int(msg, "w", t, 1, MAX_VIEW_SIDE), _int(msg, "h", t, 1, MAX_VIEW_SIDE))
     return _parse_prompt(msg, present)
 
 
@@ -294,6 +307,7 @@ __all__ = [
     "MAX_INFLIGHT",
     "MAX_OBJ_ID",
     "MAX_POINTS",
+    "MAX_VIEW_SIDE",
     "MESSAGE_TYPES",
     "Open",
     "PROTOCOL_VERSION",
@@ -304,6 +318,7 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "Seek",
     "Simple",
+    "View",
     "Watch",
     "check_prompt_range",
     "decode",

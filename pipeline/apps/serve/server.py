@@ -48,6 +48,7 @@ from vostream.pipeline.apps.serve.protocol import (
     Remove,
     Seek,
     Simple,
+    View,
     Watch,
     encode,
     parse_client_message,
@@ -147,6 +148,7 @@ class _Client:
     refused: int = 0
     last_refused_reply: float = 0.0
     closing: bool = False
+    view: tuple[int, int] | None = None  # the client's display size (``view``); carried over to fresh slots
 
 
 class ViewerServer:
@@ -556,8 +558,13 @@ class ViewerServer:
         return True
 
     async def _dispatch(self, client: _Client, msg: Any) -> None:
-        if client.owner and client.session is not None and not isinstance(msg, Ping):
-            client.session.last_active = time.monotonic()  # pings alone do not keep a session alive
+        if client.owner and client.session is not None and not isinstance(msg, (Ping, View)):
+            client.session.last_active = time.monotonic()  # pings and resizes alone do not keep it alive
+        if isinstance(msg, View):  # any time after hello, with or without a session
+            client.view = (msg.w, msg.h)
+            if client.slot is not None:
+                client.slot.view = client.view
+            return
         if isinstance(msg, Ack):
             if client.slot is not None:
                 client.slot.ack(msg.seq, msg.draw_ms)
@@ -658,6 +665,7 @@ class ViewerServer:
                     pass
 
         session = Session(path, display, self.config.session, notify, trackers=self.trackers)
+        session.hub.view = client.view  # the first frame is encoded before the owner's slot joins the hub
         holder["s"] = session
         try:
             await asyncio.to_thread(session.open)
@@ -721,6 +729,7 @@ class ViewerServer:
         loop = self.loop
         assert loop is not None
         client.slot = ClientSlot(client.slot.inflight_limit, wake=_waker(loop, client.wake))
+        client.slot.view = client.view
 
     def _broadcast_state(self, session: Session) -> None:
         state = encode(session.state())
