@@ -95,13 +95,19 @@ class Ping:
 
 
 @dataclass(frozen=True)
+class Reload:
+    """``reload``: load the server's model again (a new export in its directory) and switch every session to it.
+    An operator's message: refused unless the server was started with ``--allow-reload``."""
+
+
+@dataclass(frozen=True)
 class Simple:
     """``play``, ``pause``, ``step``, ``reset``, ``close``: no fields."""
 
     t: str
 
 
-ClientMessage = Hello | Open | Watch | PromptMsg | Remove | Seek | Export | Ack | Ping | Simple
+ClientMessage = Hello | Open | Watch | PromptMsg | Remove | Seek | Export | Ack | Ping | Reload | Simple
 
 _SIMPLE = ("play", "pause", "step", "reset", "close")
 #: per type: required keys, optional keys
@@ -115,6 +121,7 @@ _KEYS: dict[str, tuple[set[str], set[str]]] = {
     "export": ({"format"}, set()),
     "ack": ({"seq", "recv_ms", "draw_ms"}, set()),
     "ping": ({"id", "client_ms"}, set()),
+    "reload": (set(), set()),
     **{name: (set(), set()) for name in _SIMPLE},
 }
 MESSAGE_TYPES = tuple(_KEYS)
@@ -187,6 +194,8 @@ def parse_client_message(data: bytes | bytearray | memoryview | str) -> ClientMe
 
     if t in _SIMPLE:
         return Simple(t)
+    if t == "reload":
+        return Reload()
     if t == "hello":
         inflight = _int(msg, "inflight", t, 1, MAX_INFLIGHT) if "inflight" in present else None
         client = _str(msg, "client", t, 64) if "client" in present else ""
@@ -300,6 +309,7 @@ __all__ = [
     "Ping",
     "PromptMsg",
     "ProtocolError",
+    "Reload",
     "Remove",
     "SUPPORTED_VERSIONS",
     "Seek",
