@@ -8,12 +8,11 @@
    reloaded ``--reloads`` times, ``--every`` seconds apart, from a background thread.  A sink records every frame's
    index and age (capture to the sink).  Reported, side by side from the same run:
 
-   - **gap**: frames with no result within ±5 frames of each switch (target 0), next to the frames a stream lost
-     in steady state (live queues drop the oldest frame when the tracker falls behind);
-   - **switch frame**: its age minus the steady-state median age (the switch runs a new session and one seeding
-     step of the new model on that frame), and ``last_switch_ms`` as the session measured it;
-   - **during the load**: p95 and max age of the frames tracked while the new model loads and is checked (the load
-     shares the CPU with the streams), minus the steady median.
+   - **gap**: frames without a result (a live queue dropped them: latest-wins) at the switch (the old model's last
+     frame and the new model's first five; target 0), while the new model loads (the load shares the CPU with the
+     streams), and elsewhere (steady state), each out of the frames in that window;
+   - **extra latency**: frame age (capture to the sink) above the steady median: the worst frame at the switch,
+     p95 / max of the frames captured during the load; and the switch work the session measured itself.
 
    Both seed modes (``--seeds next,same``) run in the same process, alternating over ``--rounds`` rounds.
 
@@ -65,10 +64,12 @@ class PacedSource(Source[Frame]):
         self.images = [square_frame(i, width, height, size=height // 4, step=2) for i in range(120)]
         self.index = 0
         self.start = 0.0
+        self.start_wall = 0.0  # frame i is captured at start_wall + i / fps
         self._stop = threading.Event()
 
     def open(self) -> None:
         self.start = time.monotonic()
+        self.start_wall = time.time()
 
     def read(self) -> Frame | None:
         due = self.start + self.index * self.period
@@ -86,7 +87,6 @@ class PacedSource(Source[Frame]):
 class Record:
     indices: list[int] = field(default_factory=list)
     ages_ms: list[float] = field(default_factory=list)
-    wall: list[float] = field(default_factory=list)
 
 
 class RecordSink(Sink[Frame]):
@@ -98,7 +98,6 @@ class RecordSink(Sink[Frame]):
         now = time.time()
         self.record.indices.append(item.index)
         self.record.ages_ms.append((now - item.capture_time) * 1000.0)
-        self.record.wall.append(now)
 
     def close(self) -> None:
         pass
@@ -149,11 +148,13 @@ def under_streams(load: Any, args: argparse.Namespace, seed: str) -> dict[str, A
     scheduler = RoundRobinScheduler("tracker", workers=1).start()
     box = square_box(0, width, height, size=height // 4, step=2)
     runs = []
+    sources = []
     for s in range(args.streams):
         name = f"s{s}"
         spec = RecordSpec()
+        sources.append(PacedSource(name, args.fps, width, height))
         pipe = assemble_track(
-            PacedSource(name, args.fps, width, height),
+            sources[-1],
             SharedTracker(ReloadableTracker(handle, name), scheduler, name),
             [spec],
             prompts=[Prompt(1, 0, box=box)],
@@ -163,9 +164,7 @@ def under_streams(load: Any, args: argparse.Namespace, seed: str) -> dict[str, A
         runs.append((name, pipe, spec.record))
     for _, pipe, _ in runs:
         pipe.start()
-    windows: list[
-        tuple[float, float, float]
-    ] = []  # (reload start, installed, generation) in wall-clock seconds
+    windows: list[tuple[float, float, float]] = []  # (reload start, installed, generation), wall clock
     switches: dict[str, list[tuple[int, float]]] = {name: [] for name, _, _ in runs}
     try:
         time.sleep(args.warmup)
@@ -192,58 +191,65 @@ def under_streams(load: Any, args: argparse.Namespace, seed: str) -> dict[str, A
         handle.close()
 
     per_stream = {}
-    all_steady, switch_extra, load_extra_p95, load_extra_max = [], [], [], []
-    gaps, steady_missing, steady_frames = 0, 0, 0
-    for name, _, rec in runs:
-        idx = np.asarray(rec.indices)
-        ages = np.asarray(rec.ages_ms)
-        wall = np.asarray(rec.wall)
-        assert len(idx) == len(set(rec.indices)), f"{name}: a frame had two results"
-        near = np.zeros(len(idx), bool)
-        for t0, t1, _ in windows:
-            near |= (wall >= t0) & (wall <= t1 + 0.5)
-        sw_frames = [f for f, _ in switches[name]]
-        for f in sw_frames:
-            near |= np.abs(idx - f) <= 5
-        steady = ages[~near & (idx > 30)]
+    counts = {
+        "load": [0, 0],
+        "switch": [0, 0],
+        "steady": [0, 0],
+    }  # window -> [frames without a result, frames]
+    extra: dict[str, list[float]] = {"load_p95": [], "load_max": [], "switch_max": []}
+    steady_ages: list[float] = []
+    for (name, _, rec), source in zip(runs, sources):
+        assert len(rec.indices) == len(set(rec.indices)), f"{name}: a frame had two results"
+        age = dict(zip(rec.indices, rec.ages_ms))
+        last = max(rec.indices)
+        due = {i: source.start_wall + i / args.fps for i in range(last + 1)}
+        window: dict[int, str] = {}
+        for (t0, t1, _), (f, _) in zip(windows, switches[name]):
+            for i in range(last + 1):
+                if t0 <= due[i] <= t1:
+                    window[i] = "load"
+                elif due[i] > t1 and i < f:
+                    window[i] = "between"  # installed, this stream's turn not yet come: not counted
+            for i in range(f, min(last, f + 5) + 1):
+                window[i] = "switch"  # the old model's last frame and the new model's first five
+        first = int(args.fps)  # the first second: start-up, not steady state
+        for i in range(first, last + 1):
+            kind = window.get(i, "steady")
+            if kind in counts:
+                counts[kind][0] += i not in age
+                counts[kind][1] += 1
+        steady = [a for i, a in age.items() if i >= first and i not in window]
         med = float(np.median(steady))
-        all_steady.append(med)
-        present = set(rec.indices)
-        for f in sw_frames:
-            gaps += sum(1 for k in range(f - 5, f + 6) if k not in present)
-            # the last frame of the old model and the new model's first: whichever took longer
-            hit = np.flatnonzero((idx == f) | (idx == f + 1))
-            if len(hit):
-                switch_extra.append(float(ages[hit].max()) - med)
-        for t0, t1, _ in windows:
-            during = ages[(wall >= t0) & (wall <= t1)]
-            if len(during):
-                load_extra_p95.append(float(np.percentile(during, 95)) - med)
-                load_extra_max.append(float(during.max()) - med)
-        lo, hi = 31, int(idx.max()) if len(idx) else 0
-        span = [k for k in range(lo, hi + 1) if not any(abs(k - f) <= 5 for f in sw_frames)]
-        steady_frames += len(span)
-        steady_missing += sum(1 for k in span if k not in present)
+        steady_ages.append(med)
+        for (t0, t1, _), (f, _) in zip(windows, switches[name]):
+            during = [age[i] for i in range(last + 1) if t0 <= due[i] <= t1 and i in age]
+            if during:
+                extra["load_p95"].append(float(np.percentile(during, 95)) - med)
+                extra["load_max"].append(max(during) - med)
+            at = [age[i] for i in range(f, f + 6) if i in age]
+            if at:
+                extra["switch_max"].append(max(at) - med)
         per_stream[name] = {
-            "frames": len(idx),
+            "frames": len(rec.indices),
             "steady_age_ms_p50": round(med, 1),
-            "switch_frames": sw_frames,
+            "switch_frames": [f for f, _ in switches[name]],
             "switch_ms": [round(ms, 1) for _, ms in switches[name]],
         }
+
+    def q(values: list[float], fn: Any) -> float | None:
+        return round(float(fn(values)), 1) if values else None
+
     return {
         "streams": per_stream,
         "reloads": len(windows),
         "reload_ms": [round((t1 - t0) * 1000.0, 1) for t0, t1, _ in windows],
-        "gap_frames_at_switches": gaps,
-        "gap_window_frames": 11 * len(windows) * len(runs),
-        "steady_missing_frames": steady_missing,
-        "steady_frames": steady_frames,
-        "steady_age_ms_p50": round(float(np.median(all_steady)), 1),
-        "switch_frame_extra_ms_p50": round(float(np.median(switch_extra)), 1) if switch_extra else None,
-        "switch_frame_extra_ms_max": round(float(max(switch_extra)), 1) if switch_extra else None,
-        "switch_ms_p50": round(float(np.median([ms for v in switches.values() for _, ms in v])), 1),
-        "during_load_extra_ms_p95": round(float(np.median(load_extra_p95)), 1) if load_extra_p95 else None,
-        "during_load_extra_ms_max": round(float(max(load_extra_max)), 1) if load_extra_max else None,
+        "missing": {k: {"frames": v[1], "without_result": v[0]} for k, v in counts.items()},
+        "steady_age_ms_p50": round(float(np.median(steady_ages)), 1),
+        "switch_extra_ms_p50": q(extra["switch_max"], np.median),
+        "switch_extra_ms_max": q(extra["switch_max"], max),
+        "switch_work_ms_p50": q([ms for v in switches.values() for _, ms in v], np.median),
+        "load_extra_ms_p95": q(extra["load_p95"], np.median),
+        "load_extra_ms_max": q(extra["load_max"], max),
     }
 
 
@@ -292,24 +298,27 @@ def main(argv: list[str] | None = None) -> int:
         f"{idle['check_ms_p50']} ms = {idle['total_ms_p50']} ms (max {idle['total_ms_max']} ms)"
     )
     print(f"under {args.streams} streams of {args.size}@{args.fps:g}, {args.reloads} reloads per row:")
-    head = (
-        f"{'round':<5} | {'seed':<5} | {'reload ms p50':>13} | {'gap (+-5 of a switch)':>21} | {'steady drops':>12} | "
-        f"{'steady age':>10} | {'switch frame':>15} | {'switch work':>11} | {'during load p95/max':>19}"
+    print(
+        f"{'round':<5} | {'seed':<5} | {'reload ms':>9} | {'no result: load':>15} | {'at switch':>9} | "
+        f"{'steady':>7} | {'steady age':>10} | {'switch +ms p50/max':>18} | {'work ms':>7} | "
+        f"{'load +ms p95/max':>16}"
     )
-    print(head)
     for r in live:
-        gap = f"{r['gap_frames_at_switches']}/{r['gap_window_frames']}"
-        steady = f"{r['steady_missing_frames']}/{r['steady_frames']}"
-        switch = f"+{r['switch_frame_extra_ms_p50']} (max +{r['switch_frame_extra_ms_max']})"
-        during = f"+{r['during_load_extra_ms_p95']} / +{r['during_load_extra_ms_max']}"
+        m = r["missing"]
         print(
-            f"{r['round']:<5} | {r['seed']:<5} | {statistics.median(r['reload_ms']):>13.1f} | {gap:>21} | {steady:>12} | "
-            f"{r['steady_age_ms_p50']:>10} | {switch:>15} | {r['switch_ms_p50']:>11} | {during:>19}"
+            f"{r['round']:<5} | {r['seed']:<5} | {statistics.median(r['reload_ms']):>9.1f} | "
+            f"{m['load']['without_result']:>6}/{m['load']['frames']:<8} | "
+            f"{m['switch']['without_result']:>3}/{m['switch']['frames']:<5} | "
+            f"{m['steady']['without_result']:>3}/{m['steady']['frames']:<3} | {r['steady_age_ms_p50']:>10} | "
+            f"{r['switch_extra_ms_p50']!s:>8} / {r['switch_extra_ms_max']!s:<7} | {r['switch_work_ms_p50']!s:>7} | "
+            f"{r['load_extra_ms_p95']!s:>7} / {r['load_extra_ms_max']!s:<6}"
         )
     print(
-        "(ms; ages are capture -> sink; 'switch frame' = the later of the old model's last and the new model's"
+        "no result = frames a live queue dropped (latest-wins): while the new model loads / from the old model's "
+        "last frame to the new one's fifth / elsewhere after the first second.  Ages: capture -> sink, ms above "
+        "the steady median ('switch': the worst of those six frames; 'load': frames captured during the load).  "
+        "work = the session's own switch time."
     )
-    print(" first frame, minus the steady median; 'switch work' = what the session measured for the switch)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))
