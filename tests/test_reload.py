@@ -77,9 +77,9 @@ def write_deploy(
 
 
 def frames_of(dep: deploy.Deployment, name: str) -> int:
+    """Frames the stream has tracked so far (0 until its pipeline is built)."""
     pipe = dep.streams[name].pipeline
-    assert pipe is not None
-    return pipe.metrics().frames
+    return pipe.metrics().frames if pipe is not None else 0
 
 
 def wait_until(predicate: Any, timeout: float = 20.0) -> bool:
@@ -269,15 +269,16 @@ def test_a_model_with_another_input_is_refused(tmp_path, clip):
     try:
         assert wait_until(lambda: frames_of(dep, "a") >= 4)
         with gate(dep):
-            text = path.read_text().replace(
-                'backend = "classic"', 'backend = "classic"\nwork_size = "320x180"'
-            )
-            path.write_text(text)
+            good = path.read_text()
+            path.write_text(good.replace("[tracker]", "[tracker"))  # a broken deployment file: refused too
+            with pytest.raises(ReloadError, match="deploy.toml"):
+                dep.reload()
+            path.write_text(good.replace('backend = "classic"', 'backend = "classic"\nwork_size = "320x180"'))
             with pytest.raises(ReloadError, match="cannot change the input"):
                 dep.reload()
     finally:
         summary = dep.wait()
-    assert summary["model"]["reload_failed"] == 1 and summary["streams"]["a"]["frames"] == N
+    assert summary["model"]["reload_failed"] == 2 and summary["streams"]["a"]["frames"] == N
 
 
 # -- SIGHUP ---------------------------------------------------------------------------------------------------------
@@ -348,10 +349,8 @@ def test_a_new_export_in_the_watched_directory_is_loaded_and_a_half_written_one_
             # the copy completes: the next change is loaded
             shutil.copyfile(export / graphs[0].name, graphs[0])
             assert wait_until(lambda: handle.generation == 3, timeout=10)
-            assert handle.stats.failed == 1 and handle.loaded() == [
-                1,
-                3,
-            ]  # 1 until the stream moves; 2 unused
+            # generation 1 until the stream moves; 2 was closed unused
+            assert handle.stats.failed == 1 and handle.loaded() == [1, 3]
     finally:
         summary = dep.wait()
     st = summary["streams"]["a"]
@@ -470,9 +469,8 @@ def test_a_session_without_objects_moves_at_once_and_hidden_objects_are_waited_f
     info = handle.streams["busy"]
     assert info.switches == 1 and info.last_switch_frame == 5 and info.dropped_objects == 1
     assert ids == [[1, 2], [1, 2], [1, 2], [2], [2]]
-    on = (
-        6 if seed == "next" else 5
-    )  # a mask prompt on the next frame, or on the switch frame with one more step
+    # a mask prompt on the next frame, or on the switch frame with one more step
+    on = 6 if seed == "next" else 5
     assert f"prompt 2@{on} mask" in second.log and f"prompt 1@{on} mask" not in second.log
     assert second.log.count("step 5") == (1 if seed == "same" else 0)
     assert handle.loaded() == [2] and first.closed and not second.closed
@@ -507,9 +505,7 @@ def test_a_new_model_that_fails_on_a_real_frame_leaves_the_stream_on_the_old_one
     session = two_objects(handle)
     handle.reload(lambda: ScriptedTracker(fail={4}))
     session.step(frame(3))
-    session.add_prompt(
-        Prompt(2, 4, points=[[2, 2]], labels=[1])
-    )  # given while armed: replayed on the old session
+    session.add_prompt(Prompt(2, 4, points=[[2, 2]], labels=[1]))  # while armed: replayed on the old one
     with caplog.at_level(logging.ERROR, logger="vostream.stages.trackers.reload"):
         result = session.step(frame(4))
     assert list(result.obj_ids) == [1, 2] and first.log[-2:] == ["prompt 2@4 points", "step 4"]

@@ -213,17 +213,18 @@ class Deployment:
         handle = self.handle
         if handle is None:
             raise ReloadError("the deployment has not started; nothing to reload")
-        fresh: list[DeployConfig] = []
-
-        def load() -> Tracker:
-            config = load_deploy(self.config.path) if self.config.path is not None else self.config
-            fresh.append(config)
-            return load_tracker(config.backend, **config.tracker_options)
-
-        outcome = handle.reload(load, model=self.config.model_dir or self.config.backend)
-        if fresh:  # the [tracker] table now in force (what the next reload and the summary report)
-            self.config.backend = fresh[0].backend
-            self.config.tracker_options = fresh[0].tracker_options
+        config = self.config
+        if config.path is not None:
+            try:
+                config = load_deploy(config.path)
+            except VostreamError as exc:  # a broken file refuses the reload like a broken model
+                raise handle.refuse(describe(exc)) from exc
+        outcome = handle.reload(
+            lambda: load_tracker(config.backend, **config.tracker_options),
+            model=config.model_dir or config.backend,
+        )
+        # the [tracker] table now in force (what the summary reports)
+        self.config.backend, self.config.tracker_options = config.backend, config.tracker_options
         return outcome
 
     def request_reload(self) -> None:

@@ -287,23 +287,23 @@ class ModelHandle:
         streams keep running on the old model meanwhile and switch at their next frame once it is installed.  Raises
         :class:`ReloadError` when the model is refused, after logging one line; the running model is untouched."""
         if not self._reloading.acquire(blocking=False):
-            raise self._refuse("a reload is already under way; wait for it to finish", count=False)
+            raise self.refuse("a reload is already under way; wait for it to finish", count=False)
         try:
             t0 = time.perf_counter()
             try:
                 new = load()
             except Exception as exc:  # any failure to load refuses the model; the deployment must go on
-                raise self._refuse(f"it did not load: {describe(exc)}") from exc
+                raise self.refuse(f"it did not load: {describe(exc)}") from exc
             t1 = time.perf_counter()
             if self._closed:
                 _close_quietly(new)
-                raise self._refuse("the deployment is stopping", count=False)
+                raise self.refuse("the deployment is stopping", count=False)
             try:
                 check_tracker(new, self.tracker)
             except Exception as exc:
                 _close_quietly(new)
                 reason = describe(exc) if isinstance(exc, ReloadError) else f"check failed: {describe(exc)}"
-                raise self._refuse(reason) from exc
+                raise self.refuse(reason) from exc
             t2 = time.perf_counter()
             retire = None
             with self._lock:
@@ -319,7 +319,7 @@ class ModelHandle:
                         retire = self._gens.pop(old.number)
             if closed:
                 _close_quietly(new)
-                raise self._refuse("the deployment is stopping", count=False)
+                raise self.refuse("the deployment is stopping", count=False)
             if retire is not None:
                 self._close_generation(retire)
             self.stats.reloads += 1
@@ -337,7 +337,9 @@ class ModelHandle:
         finally:
             self._reloading.release()
 
-    def _refuse(self, reason: str, count: bool = True) -> ReloadError:
+    def refuse(self, reason: str, count: bool = True) -> ReloadError:
+        """Log the one line of a refused reload, count it (``count``) and return the :class:`ReloadError` to raise
+        (for a caller whose own preparation failed, e.g. an unreadable deployment file)."""
         message = f"new model refused: {reason}; generation {self._current} keeps running"
         if count:
             self.stats.failed += 1
