@@ -31,7 +31,7 @@ from vostream.pipeline.apps.model_watch import ModelWatcher, directory_signature
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 from vostream.stages.trackers.base import InputSpec, Tracker, TrackerSession
-from vostream.stages.trackers.reload import ModelHandle, ReloadableTracker, ReloadError
+from vostream.stages.trackers.reload import ModelHandle, ReloadableTracker, ReloadBusy, ReloadError
 
 W, H, N = 160, 96, 48
 needs_server = pytest.mark.skipif(server_available() is not None, reason=str(server_available()))
@@ -478,6 +478,26 @@ def test_a_session_without_objects_moves_at_once_and_hidden_objects_are_waited_f
     busy.close()
     handle.close()
     assert second.closed
+
+
+def test_one_reload_at_a_time():
+    handle = ModelHandle(ScriptedTracker())
+    loading, release = threading.Event(), threading.Event()
+
+    def slow() -> Tracker:
+        loading.set()
+        release.wait(10)
+        return ScriptedTracker()
+
+    t = threading.Thread(target=handle.reload, args=(slow,))
+    t.start()
+    assert loading.wait(10)
+    with pytest.raises(ReloadBusy, match="already under way"):
+        handle.reload(ScriptedTracker)
+    release.set()
+    t.join(10)
+    assert handle.generation == 2 and handle.stats.failed == 0  # a busy refusal is not a failed model
+    handle.close()
 
 
 def test_prompts_for_the_next_frame_go_to_the_new_model_and_replace_its_seed():

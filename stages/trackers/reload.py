@@ -64,6 +64,10 @@ class ReloadError(BackendError):
     model keeps running."""
 
 
+class ReloadBusy(ReloadError):
+    """A reload was asked for while another one was loading; try again when it has finished."""
+
+
 @dataclass(frozen=True)
 class ReloadOutcome:
     """A reload that was installed: its generation and how long the load and the check took (seconds)."""
@@ -287,7 +291,7 @@ class ModelHandle:
         streams keep running on the old model meanwhile and switch at their next frame once it is installed.  Raises
         :class:`ReloadError` when the model is refused, after logging one line; the running model is untouched."""
         if not self._reloading.acquire(blocking=False):
-            raise self.refuse("a reload is already under way; wait for it to finish", count=False)
+            raise self.refuse("a reload is already under way; wait for it to finish", count=False, busy=True)
         try:
             t0 = time.perf_counter()
             try:
@@ -337,7 +341,7 @@ class ModelHandle:
         finally:
             self._reloading.release()
 
-    def refuse(self, reason: str, count: bool = True) -> ReloadError:
+    def refuse(self, reason: str, count: bool = True, busy: bool = False) -> ReloadError:
         """Log the one line of a refused reload, count it (``count``) and return the :class:`ReloadError` to raise
         (for a caller whose own preparation failed, e.g. an unreadable deployment file)."""
         message = f"new model refused: {reason}; generation {self._current} keeps running"
@@ -345,7 +349,7 @@ class ModelHandle:
             self.stats.failed += 1
             self.stats.last_error = message
         logger.error("%s", message)
-        return ReloadError(message)
+        return ReloadBusy(message) if busy else ReloadError(message)
 
     def _switch_idle_sessions(self) -> None:
         with self._lock:
@@ -731,6 +735,7 @@ __all__ = [
     "ABSENT_GRACE_FRAMES",
     "SEED_MODES",
     "ModelHandle",
+    "ReloadBusy",
     "ReloadError",
     "ReloadOutcome",
     "ReloadStats",

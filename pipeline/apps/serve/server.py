@@ -57,7 +57,7 @@ from vostream.pipeline.apps.serve.protocol import (
 from vostream.pipeline.apps.serve.session import Session, SessionOptions, TrackerCache
 from vostream.pipeline.errors import ConfigError, VostreamError
 from vostream.pipeline.version import package_version
-from vostream.stages.trackers.reload import ReloadError, ReloadOutcome
+from vostream.stages.trackers.reload import ReloadBusy, ReloadError, ReloadOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -401,7 +401,7 @@ class ViewerServer:
         try:
             outcome = await self.reload_model()
         except ReloadError as exc:
-            code = "busy" if "already under way" in str(exc) else "reload_failed"
+            code = "busy" if isinstance(exc, ReloadBusy) else "reload_failed"
             raise ProtocolError(code, str(exc), "reload") from exc
         self._send(
             client,
