@@ -621,8 +621,8 @@ def _serve_client(port: int) -> Any:
         return m
 
     send({"t": "hello", "v": 1})
-    assert recv("hello")["t"] == "hello"
-    return ws, send, recv, frame
+    caps = recv("hello")["caps"]
+    return ws, send, recv, frame, caps
 
 
 def test_serve_reload_message_round_trip(clip, model_dir):
@@ -634,8 +634,9 @@ def test_serve_reload_message_round_trip(clip, model_dir):
     options = SessionOptions(backend="onnx", tracker_options={"model": str(model_dir)})
     cfg = ServerConfig(port=0, media_root=str(clip.parent), allow_reload=True, session=options)
     with ServerThread(cfg) as st:
-        ws, send, recv, frame = _serve_client(st.port)
+        ws, send, recv, frame, caps = _serve_client(st.port)
         with ws:
+            assert caps["reload"] is True
             send({"t": "open", "source": clip.name})
             session = recv("opened")["session"]
             assert frame()["index"] == 0
@@ -672,8 +673,9 @@ def test_serve_refuses_reload_unless_allowed(clip):
     from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
 
     with ServerThread(ServerConfig(port=0, media_root=str(clip.parent))) as st:
-        ws, send, recv, _ = _serve_client(st.port)
+        ws, send, recv, _, caps = _serve_client(st.port)
         with ws:
+            assert caps["reload"] is False
             send({"t": "reload"})
             err = recv("error")
             assert err["code"] == "forbidden" and "--allow-reload" in err["message"]

@@ -602,6 +602,7 @@ class ViewerServer:
                     "inflight": inflight,
                     "export": list(EXPORT_FORMATS),
                     "jpeg_quality": self.config.session.jpeg_quality,
+                    "reload": self.config.allow_reload,
                 },
                 "sources": sources,
                 "default_source": self.config.default_source,
