@@ -8,9 +8,10 @@
    reloaded ``--reloads`` times, ``--every`` seconds apart, from a background thread.  A sink records every frame's
    index and age (capture to the sink).  Reported, side by side from the same run:
 
-   - **gap**: frames without a result (a live queue dropped them: latest-wins) at the switch (the old model's last
-     frame and the new model's first five; target 0), while the new model loads (the load shares the CPU with the
-     streams), and elsewhere (steady state), each out of the frames in that window;
+   - **gap**: frames without a result (a live queue dropped them: latest-wins) at the switch (captured after the new
+     model was installed, up to the new model's fifth frame; target 0), while the new model loads and is checked
+     (captured then: the load shares the CPU with the streams), and elsewhere (steady state), each out of the frames
+     in that window;
    - **extra latency**: frame age (capture to the sink) above the steady median: the worst frame at the switch,
      p95 / max of the frames captured during the load; and the switch work the session measured itself.
 
@@ -207,11 +208,9 @@ def under_streams(load: Any, args: argparse.Namespace, seed: str) -> dict[str, A
         for (t0, t1, _), (f, _) in zip(windows, switches[name]):
             for i in range(last + 1):
                 if t0 <= due[i] <= t1:
-                    window[i] = "load"
-                elif due[i] > t1 and i < f:
-                    window[i] = "between"  # installed, this stream's turn not yet come: not counted
-            for i in range(f, min(last, f + 5) + 1):
-                window[i] = "switch"  # the old model's last frame and the new model's first five
+                    window[i] = "load"  # captured while the new model loaded and was checked
+                elif due[i] > t1 and i <= f + 5:
+                    window[i] = "switch"  # captured after it was installed, up to the new model's fifth frame
         first = int(args.fps)  # the first second: start-up, not steady state
         for i in range(first, last + 1):
             kind = window.get(i, "steady")
@@ -226,7 +225,7 @@ def under_streams(load: Any, args: argparse.Namespace, seed: str) -> dict[str, A
             if during:
                 extra["load_p95"].append(float(np.percentile(during, 95)) - med)
                 extra["load_max"].append(max(during) - med)
-            at = [age[i] for i in range(f, f + 6) if i in age]
+            at = [age[i] for i in range(f, f + 6) if i in age and due[i] > t1]
             if at:
                 extra["switch_max"].append(max(at) - med)
         per_stream[name] = {
@@ -314,9 +313,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['load_extra_ms_p95']!s:>7} / {r['load_extra_ms_max']!s:<6}"
         )
     print(
-        "no result = frames a live queue dropped (latest-wins): while the new model loads / from the old model's "
-        "last frame to the new one's fifth / elsewhere after the first second.  Ages: capture -> sink, ms above "
-        "the steady median ('switch': the worst of those six frames; 'load': frames captured during the load).  "
+        "no result = frames a live queue dropped (latest-wins), by when they were captured: while the new model "
+        "loaded / from its install to the new model's fifth frame / elsewhere after the first second.  Ages: capture -> sink, ms above "
+        "the steady median ('switch': the worst of the old model's last and the new one's first five frames captured after the install; 'load': frames captured during the load).  "
         "work = the session's own switch time."
     )
     if args.json:
