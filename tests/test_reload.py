@@ -599,30 +599,31 @@ def test_reload_on_a_live_feed_loses_and_repeats_no_frame(tmp_path, model_dir):
 # -- vostream serve: the reload message ------------------------------------------------------------------------------
 
 
-def _serve_client(port: int) -> Any:
+@contextlib.contextmanager
+def serve_client(port: int) -> Iterator[tuple[Any, Any, Any, dict]]:
+    """A connected viewer-protocol client after ``hello``: ``(send, recv, frame, caps)``."""
     import msgpack
     from websockets.sync.client import connect
 
-    ws = connect(f"ws://127.0.0.1:{port}/ws", max_size=2**24)
+    with connect(f"ws://127.0.0.1:{port}/ws", max_size=2**24) as ws:
 
-    def send(msg: dict) -> None:
-        ws.send(msgpack.packb(msg, use_bin_type=True))
+        def send(msg: dict) -> None:
+            ws.send(msgpack.packb(msg, use_bin_type=True))
 
-    def recv(t: str, timeout: float = 20.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            m = msgpack.unpackb(ws.recv(timeout=max(0.01, deadline - time.monotonic())), raw=False)
-            if m["t"] == t or (m["t"] == "error" and t != "error"):
-                return m
+        def recv(t: str, timeout: float = 20.0) -> dict:
+            deadline = time.monotonic() + timeout
+            while True:
+                m = msgpack.unpackb(ws.recv(timeout=max(0.01, deadline - time.monotonic())), raw=False)
+                if m["t"] == t or (m["t"] == "error" and t != "error"):
+                    return m
 
-    def frame() -> dict:
-        m = recv("frame")
-        send({"t": "ack", "seq": m["seq"], "recv_ms": time.time() * 1000, "draw_ms": time.time() * 1000})
-        return m
+        def frame() -> dict:
+            m = recv("frame")
+            send({"t": "ack", "seq": m["seq"], "recv_ms": time.time() * 1000, "draw_ms": time.time() * 1000})
+            return m
 
-    send({"t": "hello", "v": 1})
-    caps = recv("hello")["caps"]
-    return ws, send, recv, frame, caps
+        send({"t": "hello", "v": 1})
+        yield send, recv, frame, recv("hello")["caps"]
 
 
 def test_serve_reload_message_round_trip(clip, model_dir):
@@ -634,8 +635,7 @@ def test_serve_reload_message_round_trip(clip, model_dir):
     options = SessionOptions(backend="onnx", tracker_options={"model": str(model_dir)})
     cfg = ServerConfig(port=0, media_root=str(clip.parent), allow_reload=True, session=options)
     with ServerThread(cfg) as st:
-        ws, send, recv, frame, caps = _serve_client(st.port)
-        with ws:
+        with serve_client(st.port) as (send, recv, frame, caps):
             assert caps["reload"] is True
             send({"t": "open", "source": clip.name})
             session = recv("opened")["session"]
@@ -673,8 +673,7 @@ def test_serve_refuses_reload_unless_allowed(clip):
     from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
 
     with ServerThread(ServerConfig(port=0, media_root=str(clip.parent))) as st:
-        ws, send, recv, _, caps = _serve_client(st.port)
-        with ws:
+        with serve_client(st.port) as (send, recv, _, caps):
             assert caps["reload"] is False
             send({"t": "reload"})
             err = recv("error")
@@ -691,3 +690,49 @@ def test_the_reload_message_parses_and_takes_no_fields():
     with pytest.raises(ProtocolError) as info:
         parse_client_message(msgpack.packb({"t": "reload", "model": "/elsewhere"}))
     assert info.value.code == "bad_message"  # a client cannot choose what the server loads
+
+
+def test_sighup_reloads_a_running_vostream_serve(clip, model_dir):
+    """The real command: ``vostream serve`` in its own process, one session open, SIGHUP: a new generation, the
+    server still serving; SIGINT then stops it cleanly."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "vostream.pipeline.apps.cli", "serve", str(clip)),
+            *("--backend", "onnx", "--model", str(model_dir), "--port", "0"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = ""
+        deadline = time.monotonic() + 60
+        while "open http" not in line and time.monotonic() < deadline:
+            line = proc.stderr.readline()  # type: ignore[union-attr]
+        port = int(line.rsplit(":", 1)[1].split("/")[0])
+
+        def generation() -> int:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz") as r:
+                return int(json.loads(r.read())["model_generation"])
+
+        with serve_client(port) as (send, recv, frame, _):
+            send({"t": "open", "source": clip.name})
+            recv("opened")
+            frame()
+            assert generation() == 1
+            proc.send_signal(signal.SIGHUP)
+            assert wait_until(lambda: generation() == 2, timeout=20)
+            send({"t": "step"})
+            assert frame()["index"] == 1  # still serving
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and "Traceback" not in err, err
+        assert "model reloaded: generation 2" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
