@@ -362,22 +362,21 @@ def test_the_watcher_waits_for_the_directory_to_hold_still(tmp_path):
     d = tmp_path / "m"
     d.mkdir()
     (d / "manifest.json").write_text("{}")
-    calls: list[float] = []
-    watcher = ModelWatcher(d, lambda: calls.append(time.monotonic()), interval=0.2).start()
-    try:
-        time.sleep(0.5)
-        assert calls == []  # unchanged: nothing to do
-        t0 = time.monotonic()
-        for i in range(6):  # keeps changing for ~0.6 s
-            (d / f"part{i}").write_text("x" * i)
-            time.sleep(0.1)
-        assert wait_until(lambda: len(calls) == 1, timeout=5)
-        assert calls[0] - t0 >= 0.6  # not while it was being written
-        shutil.rmtree(d)  # gone (being replaced): never acted on
-        time.sleep(0.6)
-        assert len(calls) == 1 and directory_signature(d) is None
-    finally:
-        watcher.close()
+    calls: list[int] = []
+    watcher = ModelWatcher(d, lambda: calls.append(1))
+    assert not watcher.poll()  # unchanged: nothing to do
+    for i in range(3):  # being written: every look sees another state
+        (d / f"part{i}").write_text("x" * i)
+        assert not watcher.poll()
+    assert watcher.poll() and calls == [1]  # held still for one interval: reload once
+    assert not watcher.poll() and calls == [1]
+    os.utime(d / "part0", ns=(1, 1))  # touched: a change again
+    assert not watcher.poll() and watcher.poll() and calls == [1, 1]
+    shutil.rmtree(d)  # gone (being replaced): never acted on
+    assert not watcher.poll() and not watcher.poll() and directory_signature(d) is None
+    d.mkdir()
+    (d / "manifest.json").write_text("{}")
+    assert not watcher.poll() and watcher.poll() and calls == [1, 1, 1]  # the new directory, once complete
 
 
 # -- sessions that track nothing, hidden objects --------------------------------------------------------------------

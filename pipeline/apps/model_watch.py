@@ -49,7 +49,8 @@ def directory_signature(path: str | os.PathLike[str]) -> Signature | None:
 
 class ModelWatcher:
     """Calls ``on_change()`` (in the watcher's thread) when the directory ``path`` has changed and then stayed the
-    same for ``interval`` seconds.  The contents at :meth:`start` count as loaded."""
+    same for ``interval`` seconds.  The contents when it is made count as loaded.  :meth:`poll` is one look (what
+    the thread does every ``interval``; tests call it directly)."""
 
     def __init__(
         self, path: str | os.PathLike[str], on_change: Callable[[], object], interval: float = 1.0
@@ -60,32 +61,37 @@ class ModelWatcher:
         self.changes = 0  # reloads asked for
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._loaded: Signature | None = None
+        self._loaded = directory_signature(self.path)
+        self._candidate: Signature | None = None
 
     def start(self) -> ModelWatcher:
-        self._loaded = directory_signature(self.path)
         self._thread = threading.Thread(target=self._run, name="vostream-model-watch", daemon=True)
         self._thread.start()
         logger.info("watching %s for a new export (every %.1f s)", self.path, self.interval)
         return self
 
+    def poll(self) -> bool:
+        """Look at the directory once; True when this look asked for a reload (a change that held still since the
+        previous look)."""
+        sig = directory_signature(self.path)
+        if sig is None or sig == self._loaded:
+            self._candidate = None
+            return False
+        if sig != self._candidate:  # changed since the last look: wait until it holds still
+            self._candidate = sig
+            return False
+        self._loaded, self._candidate = sig, None
+        self.changes += 1
+        logger.info("%s changed: reloading the model", self.path)
+        try:
+            self.on_change()
+        except Exception as exc:  # noqa: BLE001 - the reload logs its own refusal; keep watching
+            logger.debug("reload after a change of %s: %s", self.path, exc)
+        return True
+
     def _run(self) -> None:
-        candidate: Signature | None = None
         while not self._stop.wait(self.interval):
-            sig = directory_signature(self.path)
-            if sig is None or sig == self._loaded:
-                candidate = None
-                continue
-            if sig != candidate:  # changed since the last poll: wait until it holds still
-                candidate = sig
-                continue
-            self._loaded, candidate = sig, None
-            self.changes += 1
-            logger.info("%s changed: reloading the model", self.path)
-            try:
-                self.on_change()
-            except Exception as exc:  # noqa: BLE001 - the reload logs its own refusal; keep watching
-                logger.debug("reload after a change of %s: %s", self.path, exc)
+            self.poll()
 
     def close(self) -> None:
         self._stop.set()
