@@ -630,6 +630,11 @@ class _ReloadableSession(TrackerSession):
                 if mask.any():
                     armed.add_prompt(Prompt(oid, frame.index, mask=mask))
                     carried += 1
+                else:  # a speck that vanished in the resize: nothing left to carry
+                    self.info.dropped_objects += 1
+                    logger.warning(
+                        "stream %s: object %d's mask vanished at the new frame size", self.label, oid
+                    )
             self._seeds = {}
             seed_ms = (time.perf_counter() - t0) * 1000.0
             result = armed.step(frame)
