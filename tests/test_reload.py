@@ -281,6 +281,21 @@ def test_a_model_with_another_input_is_refused(tmp_path, clip):
     assert summary["model"]["reload_failed"] == 2 and summary["streams"]["a"]["frames"] == N
 
 
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (['backend = "classic"', 'watch = "yes"'], "watch must be true or false"),
+        (['backend = "classic"', "watch = true"], "needs a model directory"),
+        (['backend = "classic"', 'reload_seed = "later"'], "reload_seed must be one of"),
+    ],
+)
+def test_bad_reload_options_are_refused(tmp_path, clip, lines, message):
+    from vostream.pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        deploy.load_deploy(write_deploy(tmp_path, clip, lines))
+
+
 # -- SIGHUP ---------------------------------------------------------------------------------------------------------
 
 

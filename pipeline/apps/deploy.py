@@ -1,9 +1,10 @@
 """``vostream run --config deploy.toml``: several streams in one process sharing one loaded tracker.
 
 The file has one ``[tracker]`` table (``backend``, ``model``, ``provider``, ``threads``, ``device_id``,
-``workers``, ``watch``, ``reload_seed`` and the backend's own options), an optional ``[metrics]`` table (``port``: Prometheus text on
-127.0.0.1) and one ``[[streams]]`` table per stream with the keys of a ``vostream track`` config (``source``,
-``out``, ``save``, ``[[streams.prompts]]``, live options, ...) plus ``name``.  ``docs/deploy.md`` has the design.
+``workers``, ``watch``, ``reload_seed`` and the backend's own options), an optional ``[metrics]`` table (``port``:
+Prometheus text on 127.0.0.1) and one ``[[streams]]`` table per stream with the keys of a ``vostream track`` config
+(``source``, ``out``, ``save``, ``[[streams.prompts]]``, live options, ...) plus ``name``.  ``docs/deploy.md`` has
+the design.
 
 Each stream is an ordinary track pipeline (``assemble.py``) whose tracker is a
 :class:`~vostream.stages.trackers.shared.SharedTracker`: the model is loaded once, every stream has its own
