@@ -693,3 +693,40 @@ def test_prompt_limits_of_the_device_build_are_checked_up_front(acl: types.Modul
     session.close()
     tracker.close()
     fake.assert_no_leaks()
+
+
+def test_hot_reload_frees_the_old_model_and_refuses_one_that_does_not_fit(
+    acl: types.ModuleType, om_dir: Path
+) -> None:
+    """docs/deploy.md §2 on the device: a new model is loaded beside the running one in the same process (two
+    runtimes, two contexts on one device); once both streams moved to it, the old model's graphs, buffers and banks
+    are freed and the device is still usable.  A model that does not fit next to the running one is refused and
+    the running one is untouched."""
+    from vostream.stages.trackers.reload import ModelHandle, ReloadableTracker, ReloadError
+
+    frames, tensors, size = _video(6)
+    c0 = ref.shape_center(0, size, "disk")
+    handle = ModelHandle(AclTracker(om_dir, max_objects=2))
+    sessions = [ReloadableTracker(handle, f"s{k}").new_session() for k in range(2)]
+    for s in sessions:
+        s.add_prompt(_prompt(ref.PromptSpec(1, points=[c0], labels=[1]), 0))
+    for i in range(2):
+        for s in sessions:
+            _step(s, i, frames[i], tensors[i])
+    one_model = fake.stats().device_bytes_in_use
+    fake.configure(hbm_bytes=one_model + RESERVE_BYTES // 2)
+    with pytest.raises(ReloadError, match="did not load: acl backend: .* of device memory"):
+        handle.reload(lambda: AclTracker(om_dir, max_objects=2))
+    assert fake.stats().device_bytes_in_use == one_model and handle.loaded() == [1]
+    fake.configure(hbm_bytes=64 << 30)
+    handle.reload(lambda: AclTracker(om_dir, max_objects=2))
+    assert fake.stats().device_bytes_in_use > one_model  # both models loaded until the streams move
+    for i in range(2, 6):
+        for s in sessions:
+            assert list(_step(s, i, frames[i], tensors[i]).obj_ids) == [1]
+    assert handle.loaded() == [2] and all(handle.streams[f"s{k}"].switches == 1 for k in range(2))
+    assert fake.stats().device_bytes_in_use == one_model  # the old model's memory is back
+    for s in sessions:
+        s.close()
+    handle.close()
+    fake.assert_no_leaks()

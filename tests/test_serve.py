@@ -558,13 +558,13 @@ def test_sessions_share_one_loaded_tracker_closed_with_the_server(media: Path) -
             recv(first, "frame")
             recv(second, "frame")
             cache = st.call(lambda: st.server.trackers)
-            tracker = st.call(lambda: cache._tracker)
+            tracker = st.call(lambda: cache.handle.tracker)
             assert tracker is not None
             sessions = st.call(lambda: list(st.server.sessions.values()))
             assert len(sessions) == 2 and all(s.trackers is cache for s in sessions)
             first.send(pack({"t": "close"}))
             recv(first, "closed")
-            assert st.call(lambda: cache._tracker) is tracker, (
+            assert st.call(lambda: cache.handle.tracker) is tracker, (
                 "closing one session must not close the shared one"
             )
-    assert cache._closed and cache._tracker is None
+    assert cache._closed and cache.handle is None

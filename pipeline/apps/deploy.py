@@ -1,9 +1,10 @@
 """``vostream run --config deploy.toml``: several streams in one process sharing one loaded tracker.
 
 The file has one ``[tracker]`` table (``backend``, ``model``, ``provider``, ``threads``, ``device_id``,
-``workers`` and the backend's own options), an optional ``[metrics]`` table (``port``: Prometheus text on 127.0.0.1) and one
-``[[streams]]`` table per stream with the keys of a ``vostream track`` config (``source``, ``out``, ``save``,
-``[[streams.prompts]]``, live options, ...) plus ``name``.  ``docs/deploy.md`` has the design.
+``workers``, ``watch``, ``reload_seed`` and the backend's own options), an optional ``[metrics]`` table (``port``:
+Prometheus text on 127.0.0.1) and one ``[[streams]]`` table per stream with the keys of a ``vostream track`` config
+(``source``, ``out``, ``save``, ``[[streams.prompts]]``, live options, ...) plus ``name``.  ``docs/deploy.md`` has
+the design.
 
 Each stream is an ordinary track pipeline (``assemble.py``) whose tracker is a
 :class:`~vostream.stages.trackers.shared.SharedTracker`: the model is loaded once, every stream has its own
@@ -11,6 +12,12 @@ session (its own memory banks), and one :class:`~vostream.pipeline.scheduler.Rou
 streams' frames in turn.  Streams are isolated: one that fails to start, fails or stalls is reported in its own
 ``summary.json`` and ``deploy-summary.json`` while the others go on.  SIGINT/SIGTERM stop every stream (outputs
 finalised), a second signal cancels them, a third leaves at once.
+
+Hot reload (``docs/deploy.md`` §2): the tracker sits in a :class:`~vostream.stages.trackers.reload.ModelHandle`.
+SIGHUP (or :meth:`Deployment.reload`, or a new export in the model directory with ``watch = true``) re-reads the
+``[tracker]`` table of the deployment file, loads that model beside the running one and checks it; each stream then
+switches at its next frame, every object carried over from its last mask.  A refused model leaves the running one
+in place (one log line, ``vostream_model_reload_failed_total``).
 """
 
 from __future__ import annotations
@@ -28,13 +35,21 @@ from typing import Any
 
 from vostream.pipeline.apps.config import TRACKER_KEYS, TrackSettings, merge_settings, read_toml
 from vostream.pipeline.apps.live_prompts import PromptTimer
-from vostream.pipeline.apps.prometheus import pipeline_families
+from vostream.pipeline.apps.model_watch import ModelWatcher
+from vostream.pipeline.apps.prometheus import model_families, pipeline_families
 from vostream.pipeline.apps.track import STOP_SIGNALS, build_track_pipeline, write_summary
 from vostream.pipeline.engine import Pipeline, RunReport
 from vostream.pipeline.errors import ConfigError, Interrupted, VostreamError, describe
 from vostream.pipeline.scheduler import RoundRobinScheduler
 from vostream.sinks.atomic import atomic_write_text
 from vostream.stages.trackers import Tracker, load_tracker
+from vostream.stages.trackers.reload import (
+    SEED_MODES,
+    ModelHandle,
+    ReloadableTracker,
+    ReloadError,
+    ReloadOutcome,
+)
 from vostream.stages.trackers.shared import SharedTracker
 
 logger = logging.getLogger(__name__)
@@ -53,6 +68,14 @@ class DeployConfig:
     metrics_port: int | None = None
     workers: int = 1  # scheduler threads: streams whose frames are tracked at the same time
     out: Path | None = None  # where deploy-summary.json goes (the config file's folder by default)
+    path: Path | None = None  # the deployment file: a reload re-reads its [tracker] table
+    watch: bool = False  # reload when the model directory holds a new export
+    reload_seed: str = "next"  # where the old model's last masks seed the new one (stages/trackers/reload.py)
+
+    @property
+    def model_dir(self) -> str | None:
+        model = self.tracker_options.get("model")
+        return str(model) if model is not None else None
 
 
 @dataclass
@@ -78,6 +101,19 @@ def load_deploy(path: str | Path) -> DeployConfig:
     workers = tracker.pop("workers", None)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ConfigError(f"{path}: [tracker] workers must be a whole number >= 1, got {workers!r}")
+    watch = tracker.pop("watch", False)
+    if not isinstance(watch, bool):
+        raise ConfigError(f"{path}: [tracker] watch must be true or false, got {watch!r}")
+    reload_seed = tracker.pop("reload_seed", "next")
+    if reload_seed not in SEED_MODES:
+        raise ConfigError(
+            f"{path}: [tracker] reload_seed must be one of {', '.join(map(repr, SEED_MODES))}, got {reload_seed!r}"
+        )
+    if watch and "model" not in tracker:
+        raise ConfigError(
+            f"{path}: [tracker] watch = true needs a model directory to watch (model = ...); the {backend!r} "
+            "backend has none here (send SIGHUP to reload it)"
+        )
     options = {k: tracker[k] for k in tracker}
     if "model" in options and isinstance(options["model"], str) and "://" not in options["model"]:
         options["model"] = str(base / options["model"])
@@ -112,7 +148,17 @@ def load_deploy(path: str | Path) -> DeployConfig:
         workers is None
     ):  # a CPU tracker's sessions share nothing: one worker per core; a device gets one thread
         workers = min(len(streams), os.cpu_count() or 1) if backend == "classic" else 1
-    return DeployConfig(backend, options, streams, metrics_port=port, out=base, workers=workers)
+    return DeployConfig(
+        backend,
+        options,
+        streams,
+        metrics_port=port,
+        out=base,
+        workers=workers,
+        path=Path(path).resolve(),
+        watch=watch,
+        reload_seed=reload_seed,
+    )
 
 
 class Deployment:
@@ -122,20 +168,29 @@ class Deployment:
         self.config = config
         self.owned = tracker is None
         self.tracker = tracker
+        self.handle: ModelHandle | None = None
         self.scheduler = RoundRobinScheduler("tracker", workers=config.workers)
         self.streams = {name: StreamRun(name, s) for name, s in config.streams.items()}
         self._metrics_server: Any = None
+        self._watcher: ModelWatcher | None = None
+        self._reloads: list[threading.Thread] = []
         self.started_at = 0.0
 
     def start(self) -> None:
         """Load the tracker once and start every stream that can start (the others are recorded as failed)."""
         if self.tracker is None:
             self.tracker = load_tracker(self.config.backend, **self.config.tracker_options)
+        self.handle = ModelHandle(
+            self.tracker,
+            model=self.config.model_dir or self.config.backend,
+            owned=self.owned,
+            seed=self.config.reload_seed,
+        )
         self.scheduler.start()
         self.started_at = time.monotonic()
         for run in self.streams.values():
             try:
-                shared = SharedTracker(self.tracker, self.scheduler, run.name)
+                shared = SharedTracker(ReloadableTracker(self.handle, run.name), self.scheduler, run.name)
                 pipe, facts = build_track_pipeline(run.settings, tracker=shared)
                 run.pipeline, run.facts = pipe, facts
                 timed = facts.pop("timed_prompts", None)
@@ -148,6 +203,44 @@ class Deployment:
                 logger.error("stream %s did not start: %s", run.name, run.error)
         if self.config.metrics_port is not None:
             self._serve_metrics(self.config.metrics_port)
+        if self.config.watch and self.config.model_dir is not None:
+            self._watcher = ModelWatcher(self.config.model_dir, self.request_reload).start()
+
+    # -- hot reload ----------------------------------------------------------------------------------------------
+    def reload(self) -> ReloadOutcome:
+        """Load the model the deployment file names now (its ``[tracker]`` table is re-read; ``[[streams]]`` changes
+        need a restart) beside the running one, check it and install it; the streams switch at their next frame.
+        Blocking.  Raises :class:`ReloadError` (already logged) when the model is refused."""
+        handle = self.handle
+        if handle is None:
+            raise ReloadError("the deployment has not started; nothing to reload")
+        config = self.config
+        if config.path is not None:
+            try:
+                config = load_deploy(config.path)
+            except VostreamError as exc:  # a broken file refuses the reload like a broken model
+                raise handle.refuse(describe(exc)) from exc
+        outcome = handle.reload(
+            lambda: load_tracker(config.backend, **config.tracker_options),
+            model=config.model_dir or config.backend,
+        )
+        # the [tracker] table now in force (what the summary reports)
+        self.config.backend, self.config.tracker_options = config.backend, config.tracker_options
+        return outcome
+
+    def request_reload(self) -> None:
+        """Start :meth:`reload` in a background thread and return at once (safe from a signal handler).  The
+        outcome is logged; a refusal also counts in ``vostream_model_reload_failed_total``."""
+
+        def run() -> None:
+            try:
+                self.reload()
+            except ReloadError:
+                pass  # logged by the handle, counted in its stats
+
+        thread = threading.Thread(target=run, name="vostream-reload", daemon=True)
+        self._reloads = [t for t in self._reloads if t.is_alive()] + [thread]
+        thread.start()
 
     def stop(self, drain: bool = True) -> None:
         """Stop every stream (``drain``: finish what is queued; else cancel).  Safe from a signal handler."""
@@ -182,17 +275,26 @@ class Deployment:
                 if run.facts.get("out") and run.report is not None:
                     write_summary(Path(run.facts["out"]) / "summary.json", run.facts, run.report, run.error)
         finally:
+            if self._watcher is not None:
+                self._watcher.close()
             self.scheduler.close()
             if self._metrics_server is not None:
                 self._metrics_server.shutdown()
-            if self.owned and self.tracker is not None:
+            if self.handle is not None:
+                self.handle.close()  # every generation still loaded; the first only when the deployment loaded it
+            elif self.owned and self.tracker is not None:
                 self.tracker.close()
+            for thread in self._reloads:
+                thread.join(10.0)  # a reload under way closes what it loaded once it sees the handle closed
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
         sched = self.scheduler.stats()
+        handle = self.handle
+        switches = dict(handle.stream_items()) if handle is not None else {}
         streams = {}
         for name, run in self.streams.items():
+            info = switches.get(name)
             streams[name] = {
                 "source": run.settings.source,
                 "out": run.settings.out,
@@ -202,10 +304,27 @@ class Deployment:
                 "error": run.error,
                 "exit_code": run.exit_code,
                 "scheduler": sched.get(name, {}),
+                "model": {
+                    "generation": info.generation if info else 0,
+                    "switches": info.switches if info else 0,
+                    "last_switch_frame": info.last_switch_frame if info else -1,
+                    "last_switch_ms": round(info.last_switch_ms, 3) if info else 0.0,
+                    "dropped_objects": info.dropped_objects if info else 0,
+                    "failed_switches": info.failed_switches if info else 0,
+                },
             }
+        stats = handle.stats if handle is not None else None
         return {
             "backend": self.config.backend,
-            "tracker_loads": 1,
+            "tracker_loads": 1 + (stats.reloads if stats else 0),
+            "model": {
+                "generation": handle.generation if handle is not None else 0,
+                "reloads": stats.reloads if stats else 0,
+                "reload_failed": stats.failed if stats else 0,
+                "last_load_s": round(stats.last_load_s, 4) if stats else 0.0,
+                "last_check_s": round(stats.last_check_s, 4) if stats else 0.0,
+                "last_error": stats.last_error if stats else None,
+            },
             "wall_s": round(time.monotonic() - self.started_at, 3),
             "streams": streams,
             "failed": sorted(n for n, r in self.streams.items() if r.error),
@@ -270,6 +389,7 @@ class _DeployCollector:
             wait.add_metric([name, "0.95"], st["wait_ms_p95"])
         yield share
         yield wait
+        yield from model_families(self.deployment.handle, "stream")
 
 
 def run_deploy(config: DeployConfig, quiet: bool = False) -> dict[str, Any]:
@@ -277,7 +397,8 @@ def run_deploy(config: DeployConfig, quiet: bool = False) -> dict[str, Any]:
     written to ``deploy-summary.json`` beside the deployment file."""
     deployment = Deployment(config)
     count = 0
-    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    hup = getattr(signal, "SIGHUP", None)  # POSIX only
+    previous = {s: signal.getsignal(s) for s in (*STOP_SIGNALS, *([hup] if hup is not None else []))}
 
     def handler(signum: int, frame: object) -> None:
         nonlocal count
@@ -289,10 +410,16 @@ def run_deploy(config: DeployConfig, quiet: bool = False) -> dict[str, Any]:
         else:
             raise Interrupted("deployment interrupted three times; leaving without waiting for its streams")
 
+    def reload_handler(signum: int, frame: object) -> None:
+        logger.info("SIGHUP: reloading the model")
+        deployment.request_reload()
+
     main = threading.current_thread() is threading.main_thread()
     if main:
         for s in STOP_SIGNALS:
             signal.signal(s, handler)
+        if hup is not None:
+            signal.signal(hup, reload_handler)
     try:
         deployment.start()
         summary = deployment.wait()
@@ -318,10 +445,17 @@ def add_run_parser(sub: Any, add_common: Any) -> None:
     )
     p.add_argument("--config", required=True, metavar="DEPLOY.toml", help="the deployment file")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    p.epilog = (
+        "SIGHUP reloads the model named in the file's [tracker] table without stopping a stream "
+        "(docs/deploy.md section 2)."
+    )
     add_common(p)
 
 
 def cmd_run(args: Any) -> int:
+    if not args.quiet:  # reloads and each stream's switch are status lines of a deployment
+        logging.getLogger("vostream.stages.trackers.reload").setLevel(logging.INFO)
+        logging.getLogger("vostream.pipeline.apps.model_watch").setLevel(logging.INFO)
     config = load_deploy(args.config)
     if args.metrics_port is not None:
         config.metrics_port = args.metrics_port

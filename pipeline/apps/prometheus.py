@@ -1,5 +1,5 @@
 """Pipeline metrics as Prometheus metric families, shared by the viewer server (one label per session) and
-``vostream run`` (one label per stream)."""
+``vostream run`` (one label per stream); the model's reload figures likewise."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from vostream.pipeline.engine import Pipeline
+from vostream.stages.trackers.reload import ModelHandle
 
 
 def pipeline_families(labelled: Iterable[tuple[dict[str, str], Pipeline]]) -> list[Any]:
@@ -34,4 +35,39 @@ def pipeline_families(labelled: Iterable[tuple[dict[str, str], Pipeline]]) -> li
     return list(families.values())
 
 
-__all__ = ["pipeline_families"]
+def model_families(handle: ModelHandle | None, label: str) -> list[Any]:
+    """The hot-reload figures of ``handle`` (``docs/deploy.md`` §2): ``vostream_model_generation``,
+    ``vostream_model_loaded`` (models in memory: 2 while streams switch), ``vostream_model_reloads_total``,
+    ``vostream_model_reload_failed_total``, ``vostream_model_reload_seconds`` (the last reload's load + check), and
+    per ``label`` (stream or session) ``vostream_model_stream_generation`` and ``vostream_model_switch_ms`` (extra
+    time of its last switch frame).  Empty before a model is loaded."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    if handle is None:
+        return []
+    stats = handle.stats
+    generation = GaugeMetricFamily("vostream_model_generation", "generation of the model new frames run on")
+    generation.add_metric([], handle.generation)
+    loaded = GaugeMetricFamily("vostream_model_loaded", "models loaded now (2 while streams switch)")
+    loaded.add_metric([], len(handle.loaded()))
+    reloads = CounterMetricFamily("vostream_model_reloads", "reloads installed")
+    reloads.add_metric([], stats.reloads)
+    failed = CounterMetricFamily(
+        "vostream_model_reload_failed", "reloads refused (the old model kept running)"
+    )
+    failed.add_metric([], stats.failed)
+    seconds = GaugeMetricFamily("vostream_model_reload_seconds", "last reload: load + check, seconds")
+    seconds.add_metric([], stats.last_load_s + stats.last_check_s)
+    per_gen = GaugeMetricFamily(
+        "vostream_model_stream_generation", "model generation the stream runs on", labels=[label]
+    )
+    switch = GaugeMetricFamily(
+        "vostream_model_switch_ms", "extra time of the stream's last switch frame", labels=[label]
+    )
+    for name, info in handle.stream_items():
+        per_gen.add_metric([name], info.generation)
+        switch.add_metric([name], info.last_switch_ms)
+    return [generation, loaded, reloads, failed, seconds, per_gen, switch]
+
+
+__all__ = ["model_families", "pipeline_families"]

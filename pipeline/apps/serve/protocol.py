@@ -105,13 +105,21 @@ class View:
 
 
 @dataclass(frozen=True)
+class Reload:
+    """``reload``: load the server's model again (a new export in its directory) and switch every session to it.
+    An operator's message: refused unless the server was started with ``--allow-reload``."""
+
+
+@dataclass(frozen=True)
 class Simple:
     """``play``, ``pause``, ``step``, ``reset``, ``close``: no fields."""
 
     t: str
 
 
-ClientMessage = Hello | Open | Watch | PromptMsg | Remove | Seek | Export | Ack | Ping | View | Simple
+ClientMessage = (
+    Hello | Open | Watch | PromptMsg | Remove | Seek | Export | Ack | Ping | View | Reload | Simple
+)
 
 _SIMPLE = ("play", "pause", "step", "reset", "close")
 #: per type: required keys, optional keys
@@ -126,6 +134,7 @@ _KEYS: dict[str, tuple[set[str], set[str]]] = {
     "ack": ({"seq", "recv_ms", "draw_ms"}, set()),
     "ping": ({"id", "client_ms"}, set()),
     "view": ({"w", "h"}, set()),
+    "reload": (set(), set()),
     **{name: (set(), set()) for name in _SIMPLE},
 }
 MESSAGE_TYPES = tuple(_KEYS)
@@ -198,6 +207,8 @@ def parse_client_message(data: bytes | bytearray | memoryview | str) -> ClientMe
 
     if t in _SIMPLE:
         return Simple(t)
+    if t == "reload":
+        return Reload()
     if t == "hello":
         inflight = _int(msg, "inflight", t, 1, MAX_INFLIGHT) if "inflight" in present else None
         client = _str(msg, "client", t, 64) if "client" in present else ""
@@ -314,6 +325,7 @@ __all__ = [
     "Ping",
     "PromptMsg",
     "ProtocolError",
+    "Reload",
     "Remove",
     "SUPPORTED_VERSIONS",
     "Seek",

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from vostream.pipeline.apps.prometheus import pipeline_families
+from vostream.pipeline.apps.model_watch import ModelWatcher
+from vostream.pipeline.apps.prometheus import model_families, pipeline_families
 from vostream.pipeline.apps.serve.media import URL_FAILED, list_sources, resolve_source
 from vostream.pipeline.apps.serve.protocol import (
     EXPORT_FORMATS,
@@ -45,6 +46,7 @@ from vostream.pipeline.apps.serve.protocol import (
     Ping,
     PromptMsg,
     ProtocolError,
+    Reload,
     Remove,
     Seek,
     Simple,
@@ -56,6 +58,7 @@ from vostream.pipeline.apps.serve.protocol import (
 from vostream.pipeline.apps.serve.session import Session, SessionOptions, TrackerCache
 from vostream.pipeline.errors import ConfigError, VostreamError
 from vostream.pipeline.version import package_version
+from vostream.stages.trackers.reload import ReloadBusy, ReloadError, ReloadOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +112,10 @@ class ServerConfig:
     #: so that the answer's timing does not tell an allow-list refusal from a refused connection
     url_error_delay: float = 0.5
     max_clients: int = 32
+    #: accept the ``reload`` message (an operator's action: it swaps the model under every session); SIGHUP always
+    allow_reload: bool = False
+    #: reload when the model directory (``--model``) holds a new export
+    watch_model: bool = False
     session: SessionOptions = field(default_factory=SessionOptions)
 
     def check(self) -> None:
@@ -129,6 +136,8 @@ class ServerConfig:
             raise ConfigError(f"max sessions must be >= 1, got {self.max_sessions}")
         if not 1 <= self.inflight <= MAX_INFLIGHT:
             raise ConfigError(f"inflight must be 1..{MAX_INFLIGHT}, got {self.inflight}")
+        if self.watch_model and not self.session.tracker_options.get("model"):
+            raise ConfigError("--watch-model needs --model DIR (the export directory to watch)")
 
 
 @dataclass
@@ -168,6 +177,7 @@ class ViewerServer:
         self._next_cid = 0
         self._opening = 0  # opens under way: each holds a session slot (max_sessions) until it ends
         self._idle_task: asyncio.Task[None] | None = None
+        self._watcher: ModelWatcher | None = None
         self._server: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = config.port
@@ -218,6 +228,10 @@ class ViewerServer:
         self._stats_task = asyncio.create_task(self._stats_loop())
         if self.config.idle_timeout > 0:
             self._idle_task = asyncio.create_task(self._idle_loop())
+        if self.config.watch_model:
+            self._watcher = ModelWatcher(
+                self.config.session.tracker_options["model"], self._reload_quietly
+            ).start()
         logger.info("viewer at %s", self.url)
 
     @property
@@ -241,6 +255,9 @@ class ViewerServer:
             if task is not None:
                 task.cancel()
         self._stats_task = self._idle_task = None
+        if self._watcher is not None:
+            await asyncio.to_thread(self._watcher.close)
+            self._watcher = None
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -362,6 +379,43 @@ class ViewerServer:
         disp = f'attachment; filename="{stem}_{parts[3]}"'
         return self._response(200, session.exports[fmt].read_bytes(), ctype, [("Content-Disposition", disp)])
 
+    # -- hot reload -------------------------------------------------------------------------------------------
+    async def reload_model(self) -> ReloadOutcome:
+        """Reload the model (docs/deploy.md §2) in a worker thread; sessions keep running and switch at their next
+        frame.  Raises ``ReloadError`` (logged) when the new model is refused."""
+        return await asyncio.to_thread(self.trackers.reload)
+
+    def _reload_quietly(self) -> None:
+        """The model watcher's and SIGHUP's reload: the outcome is logged, a refusal counted in the metrics."""
+        try:
+            self.trackers.reload()
+        except ReloadError:
+            pass
+
+    async def _reload(self, client: _Client) -> None:
+        if not self.config.allow_reload:
+            raise ProtocolError(
+                "forbidden",
+                "reload is off on this server: start vostream serve with --allow-reload, or send the server "
+                "process SIGHUP",
+                "reload",
+            )
+        try:
+            outcome = await self.reload_model()
+        except ReloadError as exc:
+            code = "busy" if isinstance(exc, ReloadBusy) else "reload_failed"
+            raise ProtocolError(code, str(exc), "reload") from exc
+        self._send(
+            client,
+            {
+                "t": "reloaded",
+                "generation": outcome.generation,
+                "load_ms": round(outcome.load_s * 1000.0, 3),
+                "check_ms": round(outcome.check_s * 1000.0, 3),
+                "model": outcome.model,
+            },
+        )
+
     def health(self) -> dict[str, Any]:
         sessions = [
             {
@@ -377,6 +431,7 @@ class ViewerServer:
             "clients": len(self.clients),
             "sessions": sessions,
             "tracker": self.config.session.backend,
+            "model_generation": self.trackers.handle.generation if self.trackers.handle is not None else 0,
         }
 
     # -- WebSocket --------------------------------------------------------------------------------------------
@@ -549,6 +604,7 @@ class ViewerServer:
                     "inflight": inflight,
                     "export": list(EXPORT_FORMATS),
                     "jpeg_quality": self.config.session.jpeg_quality,
+                    "reload": self.config.allow_reload,
                 },
                 "sources": sources,
                 "default_source": self.config.default_source,
@@ -582,6 +638,9 @@ class ViewerServer:
             return
         if isinstance(msg, Watch):
             await self._watch(client, msg)
+            return
+        if isinstance(msg, Reload):
+            await self._reload(client)
             return
         session = client.session
         t = msg.t if isinstance(msg, Simple) else type(msg).__name__.lower().replace("promptmsg", "prompt")
@@ -854,6 +913,7 @@ class _Collector:
                     glass.add_metric([str(client.cid), q], v)
         yield drops
         yield glass
+        yield from model_families(self.server.trackers.handle, "session")
 
 
 class ServerThread:
@@ -931,6 +991,12 @@ def run_server(config: ServerConfig) -> int:
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):  # pragma: no cover - non-main thread / Windows
                 pass
+        hup = getattr(signal, "SIGHUP", None)
+        if hup is not None:  # reload the model (docs/deploy.md §2); the outcome is logged
+            try:
+                loop.add_signal_handler(hup, lambda: loop.run_in_executor(None, server._reload_quietly))
+            except (NotImplementedError, RuntimeError):  # pragma: no cover
+                pass
         serving = asyncio.create_task(server.serve_forever())
         await stop.wait()
         serving.cancel()
@@ -996,11 +1062,23 @@ def add_serve_parser(sub: Any, add_common: Any) -> None:
         help="close a session whose owner sent nothing (no click, no ack) for S seconds (default 300; 0: never)",
     )
     p.add_argument("--fps", type=float, default=25.0, help="playback rate of frames directories (default 25)")
+    p.add_argument(
+        "--allow-reload",
+        action="store_true",
+        help="accept the 'reload' message (swap the model under every session; docs/protocol.md); "
+        "SIGHUP reloads in any case",
+    )
+    p.add_argument(
+        "--watch-model",
+        action="store_true",
+        help="reload when --model's directory holds a new export (docs/deploy.md section 2)",
+    )
     add_common(p)
 
 
 def cmd_serve(args: Any) -> int:
     logging.getLogger("vostream.pipeline.apps.serve.server").setLevel(logging.INFO)
+    logging.getLogger("vostream.stages.trackers.reload").setLevel(logging.INFO)
     return run_server(serve_config(args))
 
 
@@ -1036,6 +1114,8 @@ def serve_config(args: Any) -> ServerConfig:
         allow_exact_urls=exact,
         max_sessions=args.max_sessions,
         idle_timeout=args.idle_timeout,
+        allow_reload=bool(getattr(args, "allow_reload", False)),
+        watch_model=bool(getattr(args, "watch_model", False)),
         session=SessionOptions(
             backend=args.backend,
             tracker_options=options,

@@ -41,7 +41,8 @@ from vostream.sinks.png import PngSinkSpec
 from vostream.sinks.vis_json import VisJsonSinkSpec
 from vostream.sinks.websocket import AnnotationRecord, FrameHub, ViewerSinkSpec, decode_rle_counts
 from vostream.stages.sources import FrameDirSource, is_live_uri, open_source
-from vostream.stages.trackers import load_tracker
+from vostream.stages.trackers import Tracker, load_tracker
+from vostream.stages.trackers.reload import ModelHandle, ReloadableTracker, ReloadOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -245,30 +246,54 @@ class ControllableSource(Source[Frame]):
 class TrackerCache:
     """One loaded tracker shared by every session of a server: weights / graphs load once (about a second for an
     exported SAM 2 model), not per browser session.  Each session still gets its own :class:`TrackerSession`
-    (for the SAM-2 backends, its own device buffers; calls take turns on the shared runtime).  Thread-safe."""
+    (for the SAM-2 backends, its own device buffers; calls take turns on the shared runtime).  The tracker sits in a
+    :class:`ModelHandle`: :meth:`reload` replaces it under running sessions (``docs/deploy.md`` §2).  Thread-safe."""
 
     def __init__(self, backend: str, options: dict[str, Any]) -> None:
         self.backend = backend
         self.options = dict(options)
         self._lock = threading.Lock()
-        self._tracker: Any = None
+        self.handle: ModelHandle | None = None
         self._closed = False
 
-    def get(self) -> Any:
+    @property
+    def model(self) -> str:
+        return str(self.options.get("model") or self.backend)
+
+    def get(self, label: str = "") -> Tracker:
+        """The shared model as session ``label`` sees it (its sessions follow reloads).  Loads it the first time."""
         with self._lock:
             if self._closed:
                 raise ConfigError("the server is shutting down")
-            if self._tracker is None:
-                self._tracker = load_tracker(self.backend, **self.options)
-            return self._tracker
+            if self.handle is None:
+                self.handle = ModelHandle(load_tracker(self.backend, **self.options), model=self.model)
+            return ReloadableTracker(self.handle, label)
+
+    def reload(self) -> ReloadOutcome:
+        """Load the model again (a new export in ``--model``'s directory) beside the running one, check it and
+        switch every session to it at its next frame.  Blocking.  Raises ``ReloadError`` when it is refused (the
+        running model stays).  Before the first session nothing is loaded: the model is loaded now."""
+        with self._lock:
+            handle = self.handle
+        if handle is None:
+            t0 = time.perf_counter()
+            self.get()
+            return ReloadOutcome(1, time.perf_counter() - t0, 0.0, self.model)
+        return handle.reload(lambda: load_tracker(self.backend, **self.options), model=self.model)
+
+    def forget(self, label: str) -> None:
+        """Drop an ended session's reload figures."""
+        handle = self.handle
+        if handle is not None:
+            handle.forget(label)
 
     def close(self) -> None:
-        """Release the tracker.  Idempotent; later :meth:`get` calls are refused."""
+        """Release every loaded model.  Idempotent; later :meth:`get` calls are refused."""
         with self._lock:
             self._closed = True
-            tracker, self._tracker = self._tracker, None
-        if tracker is not None:
-            tracker.close()
+            handle, self.handle = self.handle, None
+        if handle is not None:
+            handle.close()
 
 
 @dataclass
@@ -379,7 +404,7 @@ class Session:
             supervisor is not None
         ):  # a live feed: its state changes (reconnecting, running, ...) reach the clients
             supervisor.add_listener(lambda event: self.notify("state"))
-        tracker = self.trackers.get()  # shared by the server's sessions: the server releases it
+        tracker = self.trackers.get(self.id)  # shared by the server's sessions: the server releases it
         sinks: list[Any] = [
             ViewerSinkSpec(
                 self.hub,
@@ -450,6 +475,7 @@ class Session:
         self.hub.clear()
         self.record = AnnotationRecord()
         self.exports.clear()
+        self.trackers.forget(self.id)
 
     # -- controls ---------------------------------------------------------------------------------------------
     def _src(self) -> ControllableSource:
