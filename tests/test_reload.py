@@ -545,7 +545,7 @@ def test_a_new_model_that_fails_on_a_real_frame_leaves_the_stream_on_the_old_one
     assert list(result.obj_ids) == [1, 2] and first.log[-2:] == ["prompt 2@4 points", "step 4"]
     info = handle.streams["busy"]
     assert info.failed_switches == 1 and info.switches == 0 and info.generation == 1
-    assert [r.levelno for r in caplog.records] == [logging.ERROR]
+    assert [r.levelno for r in caplog.records if r.levelno >= logging.WARNING] == [logging.ERROR]
     session.step(frame(5))  # not retried on every frame
     assert info.failed_switches == 1 and first.log[-1] == "step 5"
     session.close()
