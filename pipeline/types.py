@@ -319,7 +319,7 @@ class TrackResult:
                 raise ValueError("to_rles needs full-size masks; run postprocess first")
             rles = []
             if len(self):
-                encoded = mask_utils.encode(np.asfortranarray(self.masks.transpose(1, 2, 0).astype(np.uint8)))
+                encoded = mask_utils.encode(_column_major(self.masks))
                 for r in encoded:
                     rles.append(
                         {
@@ -329,6 +329,22 @@ class TrackResult:
                     )
             self.rles = rles
         return self.rles
+
+
+def _column_major(masks: np.ndarray) -> np.ndarray:
+    """(H, W, N) uint8 Fortran-ordered copy of (N, H, W) masks, as pycocotools' encoder wants them: each mask
+    transposed by OpenCV (about 10x faster than NumPy's strided copy of a transposed view; the GIL is released)."""
+    import cv2
+
+    n, h, w = masks.shape
+    if not (h and w):
+        return np.zeros((h, w, n), np.uint8, order="F")
+    if masks.dtype != np.bool_ and masks.dtype != np.uint8:
+        masks = masks != 0
+    cols = np.empty((n, w, h), np.uint8)
+    for i in range(n):
+        cv2.transpose(masks[i].view(np.uint8), dst=cols[i])
+    return cols.transpose(2, 1, 0)
 
 
 def boxes_from_masks(masks: np.ndarray) -> np.ndarray:
