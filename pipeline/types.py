@@ -340,7 +340,7 @@ def rle_counts(mask: np.ndarray) -> str:
     cols = np.flatnonzero(mask.any(axis=0))
     y0, y1, x0, x1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
     if 4 * (y1 - y0) * (x1 - x0) > h * w:
-        full = mask_utils.encode(np.asfortranarray(mask[:, :, None], dtype=np.uint8))[0]
+        full = mask_utils.encode(_column_major(mask[None]))[0]
         return str(full["counts"].decode("ascii"))
     # column-major runs inside the box: a zero above and below each column, then the changes along it
     crop = mask[y0:y1, x0:x1].T
@@ -358,6 +358,22 @@ def rle_counts(mask: np.ndarray) -> str:
     counts = np.diff(np.concatenate(([0], pos, end)))
     rle = mask_utils.frPyObjects({"size": [h, w], "counts": counts.tolist()}, h, w)
     return str(rle["counts"].decode("ascii"))
+
+
+def _column_major(masks: np.ndarray) -> np.ndarray:
+    """(H, W, N) uint8 Fortran-ordered copy of (N, H, W) masks, as pycocotools' encoder wants them: each mask
+    transposed by OpenCV (about 10x faster than NumPy's strided copy of a transposed view; the GIL is released)."""
+    import cv2
+
+    n, h, w = masks.shape
+    if not (h and w):
+        return np.zeros((h, w, n), np.uint8, order="F")
+    if masks.dtype != np.bool_ and masks.dtype != np.uint8:
+        masks = masks != 0
+    cols = np.empty((n, w, h), np.uint8)
+    for i in range(n):
+        cv2.transpose(masks[i].view(np.uint8), dst=cols[i])
+    return cols.transpose(2, 1, 0)
 
 
 def boxes_from_masks(masks: np.ndarray) -> np.ndarray:

@@ -64,14 +64,17 @@ class Preprocessor:
         w, h = self._size
         out = self._buffers[self._next]
         self._next = (self._next + 1) % self.ring
+        direct = self.spec.dtype == "uint8" and self.spec.layout == "HWC"
         if (w, h) == (src_w, src_h):
             resized = image
         else:
             interp = cv2.INTER_AREA if w < src_w else cv2.INTER_LINEAR
-            resized = cv2.resize(image, (w, h), dst=self._resized, interpolation=interp)
+            # uint8 HWC (the classic tracker's input): resized straight into the ring buffer, no second copy
+            resized = cv2.resize(image, (w, h), dst=out if direct else self._resized, interpolation=interp)
         if self.spec.dtype == "uint8":
             if self.spec.layout == "HWC":
-                np.copyto(out, resized)
+                if resized is not out:
+                    np.copyto(out, resized)
             else:
                 np.copyto(out.reshape(3, h, w), resized.transpose(2, 0, 1))
             return out

@@ -551,6 +551,53 @@ def test_manifest_detects_tampering_and_clean_removes_only_outputs(tmp_path):
     assert sorted(p.name for p in d.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.parametrize(
+    "cores, workers, opencv, codec",
+    [(2, 1, 1, None), (2, 2, 1, 1), (8, 1, 4, None), (8, 2, 2, 4), (8, 3, 1, 2), (8, 16, 1, 1)],
+)
+def test_each_worker_gets_its_share_of_the_cores(monkeypatch, cores, workers, opencv, codec):
+    """Workers, not one video's threads, fill the cores: OpenCV threads per stage and FFmpeg threads per decoder
+    and encoder are divided by the number of workers (one worker: FFmpeg picks); flags win."""
+    from vostream.pipeline.apps.annotate.batch import AnnotateOptions
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    track = AnnotateOptions(inputs=["x"], prompts="p.csv", out="o", workers=workers).track_options()
+    assert (track.opencv_threads, track.codec_threads) == (opencv, codec)
+    given = AnnotateOptions(
+        inputs=["x"], prompts="p.csv", out="o", workers=workers, opencv_threads=3, codec_threads=5
+    ).track_options()
+    assert (given.opencv_threads, given.codec_threads) == (3, 5)
+
+
+def test_worker_processes_start_with_numpy_thread_limits(monkeypatch):
+    """NumPy reads its BLAS/OpenMP pool sizes at import, so a worker gets them in its environment at spawn: sized
+    like its OpenCV threads, except variables the user set, which it inherits unchanged."""
+    import psutil
+
+    from vostream.pipeline.apps.annotate.job import TrackOptions
+    from vostream.pipeline.apps.annotate.local_executor import LocalExecutor
+
+    for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    executor = LocalExecutor(TrackOptions(opencv_threads=2), 1)
+    executor.start()
+    try:
+        (worker,) = [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
+        env = worker.environ()
+    finally:
+        executor.close()
+    assert (env["OPENBLAS_NUM_THREADS"], env["MKL_NUM_THREADS"], env["OMP_NUM_THREADS"]) == ("2", "2", "3")
+    assert "OPENBLAS_NUM_THREADS" not in os.environ  # the parent's own environment is left as it was
+
+
+def test_codec_threads_below_one_is_a_config_error(tmp_path, small_vids):
+    prompts = tmp_path / "p.csv"
+    prompts.write_text("video,frame,obj_id,x,y,label\nsolo.mp4,0,1,10,10,1\n")
+    r = run_cli("annotate", small_vids, "-p", prompts, "--out", tmp_path / "o", "--codec-threads", "0")
+    assert r.returncode == 2 and "--codec-threads must be >= 1" in r.stderr, r.stderr
+
+
 def test_ray_missing_or_bad_options_are_config_errors(tmp_path, small_vids, capsys):
     from vostream.pipeline.apps.cli import main
 

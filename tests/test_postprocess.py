@@ -149,6 +149,25 @@ def test_rle_round_trip_through_pycocotools() -> None:
     assert res.to_rles() is res.rles
 
 
+def test_rles_of_strided_masks_decode_to_the_masks() -> None:
+    """to_rles() lays masks out column-major itself (OpenCV transposes): masks that are a strided view of a larger
+    array, with odd sizes and a mask touching every border, still encode to exactly themselves."""
+    rng = np.random.default_rng(3)
+    big = rng.random((5, 2 * 37, 2 * 53)) > 0.6
+    masks = big[1:4, ::2, ::2]  # (3, 37, 53), not contiguous
+    masks[2] = True
+    assert not masks.flags.c_contiguous
+    result = TrackResult(0, [1, 2, 3], [1.0] * 3, [True] * 3, np.zeros((3, 4), np.float32), masks=masks)
+    rles = result.to_rles()
+    for rle, mask in zip(rles, masks):
+        assert rle["size"] == [37, 53]
+        assert np.array_equal(
+            mask_utils.decode({"size": rle["size"], "counts": rle["counts"].encode()}), mask
+        )
+    reference = mask_utils.encode(np.asfortranarray(masks.transpose(1, 2, 0).astype(np.uint8)))
+    assert [r["counts"] for r in rles] == [r["counts"].decode("ascii") for r in reference]
+
+
 def test_frame_without_result_gets_an_empty_one() -> None:
     frame = PostprocessStage().process(Frame(4, np.zeros((10, 12, 3), np.uint8)))
     assert frame.result is not None and len(frame.result) == 0

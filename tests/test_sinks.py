@@ -101,6 +101,34 @@ def test_draw_overlay_tints_masks_and_keeps_input() -> None:
     assert not changed[far].any()
 
 
+@pytest.mark.parametrize("alpha", [0.5, 0.3, 0.37, 0.9, 1.0])
+def test_draw_overlay_tint_is_exactly_the_float32_blend(alpha: float) -> None:
+    """The tint (a per-colour lookup table applied by OpenCV) equals, pixel for pixel, the float32 blend
+    ``uint8(pixel * (1 - alpha) + colour * alpha)`` on masked pixels, leaves every other pixel alone, and does so
+    for overlapping objects and masks that touch the frame's edges (boxes that are views into the frame)."""
+    rng = np.random.default_rng(7)
+    h, w = 90, 160
+    image = rng.integers(0, 256, (h, w, 3), np.uint8)
+    yy, xx = np.mgrid[:h, :w]
+    masks = np.stack(
+        [
+            np.hypot(yy - 40, xx - 60) < 30,  # a disc
+            (np.abs(yy - xx // 2) < 3) & (xx > 80),  # a thin diagonal band reaching the right edge
+            (yy > 30) & (xx < 20),  # touches the left and bottom edges, overlaps nothing
+            np.hypot(yy - 50, xx - 75) < 12,  # overlaps the disc: drawn after it, over its tint
+        ]
+    )
+    ids = [1, 7, 200, 3]
+    result = TrackResult(0, ids, [1.0] * 4, [True] * 4, boxes_from_masks(masks), masks=masks)
+    got = draw_overlay(image, result, OverlayStyle(alpha=alpha, contours=False, labels=False))
+    expected = image.copy()
+    for oid, m in zip(ids, masks):
+        blend = expected[m].astype(np.float32) * np.float32(1 - alpha)
+        expected[m] = (blend + np.asarray(color_for(oid), np.float32) * np.float32(alpha)).astype(np.uint8)
+    assert np.array_equal(got, expected)
+    assert not np.array_equal(got, image)
+
+
 # -- video -----------------------------------------------------------------------------------------------------
 
 

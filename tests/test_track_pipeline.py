@@ -127,3 +127,24 @@ def test_prompt_injected_while_running(video, tmp_path):
     pipe.wait()
     labels = [np.asarray(Image.open(tmp_path / "masks" / f"{i:05d}.png")) for i in (29, 30, 35)]
     assert not (labels[0] == 3).any() and (labels[1] == 3).any() and (labels[2] == 3).any()
+
+
+def test_codec_threads_limit_the_decoder_and_the_encoder(video, tmp_path):
+    """``codec_threads`` reaches the file's decoder and the video encoder (x264 records its thread count in the
+    stream's settings string); by default FFmpeg picks (annotate workers use this to share the cores)."""
+    pipe, _ = build_track_pipeline(settings(video, tmp_path / "one", codec_threads=1))
+    assert pipe.source.threads == 1
+    pipe.run()
+    assert b" threads=1 " in (tmp_path / "one" / "overlay.mp4").read_bytes()
+    pipe, _ = build_track_pipeline(settings(video, tmp_path / "auto"))
+    assert pipe.source.threads == "AUTO"
+
+
+def test_codec_threads_are_checked(video, tmp_path):
+    from vostream.pipeline.apps.config import merge_settings
+    from vostream.pipeline.errors import ConfigError
+
+    base = {"source": str(video), "out": str(tmp_path)}
+    with pytest.raises(ConfigError, match="codec_threads"):
+        merge_settings({**base, "codec_threads": 0}, {})
+    assert merge_settings({**base, "codec_threads": 2}, {}).codec_threads == 2

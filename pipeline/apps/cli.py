@@ -233,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="OpenCV threads per stage (default: 1 on machines with up to 4 cores, else half the cores)",
     )
+    g.add_argument(
+        "--codec-threads",
+        type=int,
+        metavar="N",
+        help="FFmpeg threads of a video file's decoder and of the video encoder (default: FFmpeg's choice)",
+    )
     g = t.add_argument_group("live feeds (rtsp://, http(s)://, /dev/videoN; docs/live.md)")
     g.add_argument("--rtsp-out", metavar="URL", help="publish the annotated stream to this rtsp:// URL")
     g.add_argument("--rtsp-transport", choices=("tcp", "udp"), help="RTSP source transport (default tcp)")
@@ -425,6 +431,7 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
         "min_area": args.min_area,
         "quiet": args.quiet,
         "opencv_threads": args.opencv_threads,
+        "codec_threads": args.codec_threads,
         "rtsp_out": args.rtsp_out,
         "rtsp_transport": args.rtsp_transport,
         "open_timeout": args.open_timeout,

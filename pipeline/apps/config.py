@@ -68,6 +68,7 @@ class TrackSettings:
     tracker: dict[str, Any] = field(default_factory=dict)
     quiet: bool = False
     opencv_threads: int | None = None  # None: 1 on machines with <= 4 cores, else half the cores
+    codec_threads: int | None = None  # FFmpeg threads per file decoder and video encoder; None: FFmpeg picks
     # live feeds (docs/live.md)
     rtsp_out: str | None = None  # publish the annotated stream to this rtsp:// URL
     rtsp_transport: str = "tcp"  # tcp | udp, for an rtsp:// source
@@ -189,7 +190,7 @@ def _check_type(key: str, value: Any, where: str) -> Any:
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an integer >= 0")
     elif key in ("queue_size",):
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 1, "an integer >= 1")
-    elif key == "opencv_threads":
+    elif key in ("opencv_threads", "codec_threads"):
         want(
             value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
             "an integer >= 1",

@@ -102,13 +102,20 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
     if tracker is None:
         tracker = load_tracker(settings.backend, **options)
     try:  # a failure from here on must not leak the tracker's graphs and device memory
-        source = live_source or open_source(settings.source, max_frames=settings.max_frames)
+        decode_threads = (
+            {"threads": settings.codec_threads}
+            if settings.codec_threads and live_source is None and not os.path.isdir(settings.source)
+            else {}
+        )
+        source = live_source or open_source(settings.source, max_frames=settings.max_frames, **decode_threads)
         queue_size = settings.live_queue_size if live_source is not None else settings.queue_size
         # A live feed's video is written on the capture clock (real time: drops and outages stay gaps); a file's
         # at its constant rate.
         clock: dict[str, Any] = (
             {"fps": None, "clock": "capture"} if live_source is not None else {"fps": info.fps}
         )
+        if settings.codec_threads:
+            clock["options"] = {"threads": str(settings.codec_threads)}
         sinks = (
             build_file_sinks(out_dir, settings.save, source_name=Path(settings.source).name, **clock)
             if out_dir is not None

@@ -65,16 +65,22 @@ class AnnotateOptions:
     max_frames: int | None = None
     queue_size: int = 8
     opencv_threads: int | None = None
+    codec_threads: int | None = None
     quiet: bool = False
     tty: bool | None = None  # progress bars: None = when stderr is a TTY
 
     def track_options(self) -> TrackOptions:
+        """Per-worker thread limits, so that the workers, not one video's threads, fill the cores: OpenCV gets
+        ``cores / (2 x workers)`` threads per stage, and with more than one worker each video's decoder and
+        encoder get ``cores / workers`` FFmpeg threads (one worker: FFmpeg's own choice)."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = max(1, self.workers)
         threads = self.opencv_threads
         if threads is None:
-            cores = (
-                len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            )
-            threads = max(1, cores // (2 * max(1, self.workers)))
+            threads = max(1, cores // (2 * workers))
+        codec = self.codec_threads
+        if codec is None and workers > 1:
+            codec = max(1, cores // workers)
         return TrackOptions(
             tuple(self.formats),
             self.backend,
@@ -85,6 +91,7 @@ class AnnotateOptions:
             self.max_frames,
             self.queue_size,
             threads,
+            codec,
         )
 
 
@@ -153,6 +160,8 @@ def _check_options(o: AnnotateOptions) -> None:
         raise ConfigError(f"--retries must be >= 0, got {o.retries}")
     if o.queue_size < 1:
         raise ConfigError(f"--queue-size must be >= 1, got {o.queue_size}")
+    if o.codec_threads is not None and o.codec_threads < 1:
+        raise ConfigError(f"--codec-threads must be >= 1, got {o.codec_threads}")
     if o.max_frames is not None and o.max_frames < 1:
         raise ConfigError(f"--max-frames must be >= 1, got {o.max_frames}")
     if not o.inputs:
@@ -539,6 +548,13 @@ def add_annotate_parser(sub: Any, add_common: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="OpenCV threads per stage (default: cores / (2 x workers), at least 1)",
     )
+    a.add_argument(
+        "--codec-threads",
+        type=int,
+        metavar="N",
+        help="FFmpeg threads of each video's decoder and encoder (default: cores / workers with 2 or more "
+        "workers, else FFmpeg's choice)",
+    )
     add_common(a)
     return a
 
@@ -581,6 +597,7 @@ def options_from_args(args: argparse.Namespace) -> AnnotateOptions:
         max_frames=args.max_frames,
         queue_size=args.queue_size,
         opencv_threads=args.opencv_threads,
+        codec_threads=args.codec_threads,
         quiet=bool(args.quiet),
     )
 

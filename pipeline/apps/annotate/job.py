@@ -21,6 +21,9 @@ from vostream.pipeline.errors import VostreamError, describe
 
 logger = logging.getLogger(__name__)
 
+#: the thread-pool sizes NumPy's BLAS (OpenBLAS, MKL) and OpenMP read at import
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
 #: called with the frames done so far; returning False cancels the job
 ProgressFn = Callable[[int], bool]
 
@@ -38,6 +41,13 @@ class TrackOptions:
     max_frames: int | None = None
     queue_size: int = 8
     opencv_threads: int | None = None
+    codec_threads: int | None = None  # FFmpeg threads of the decoder and the encoder; None: FFmpeg's choice
+
+    def thread_env(self) -> dict[str, str]:
+        """Environment for a worker process: NumPy's BLAS and OpenMP pools sized like OpenCV's (they read these
+        variables when the process imports NumPy, so a worker must be started with them)."""
+        n = str(self.opencv_threads or 1)
+        return {name: n for name in THREAD_ENV_VARS}
 
     def output_settings(self) -> dict[str, Any]:
         """What determines the outputs (part of each video's fingerprint)."""
@@ -131,6 +141,7 @@ class JobRunner:
                 tracker=dict(o.tracker),
                 quiet=True,
                 opencv_threads=o.opencv_threads,
+                codec_threads=o.codec_threads,
             )
             pipe, facts = build_track_pipeline(settings, tracker=self.tracker)
             pipe.start()
@@ -183,4 +194,4 @@ class JobRunner:
             )
 
 
-__all__ = ["JobResult", "JobRunner", "ProgressFn", "TrackOptions", "VideoJob"]
+__all__ = ["THREAD_ENV_VARS", "JobResult", "JobRunner", "ProgressFn", "TrackOptions", "VideoJob"]

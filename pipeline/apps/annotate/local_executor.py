@@ -6,6 +6,7 @@ Executor interface (driven from one thread, the batch's dispatch loop; not threa
 ``abandon()`` (kill in-flight work now), ``close()`` (idempotent).
 
 Workers are ``spawn``ed processes; each loads its tracker once (:class:`JobRunner`) and runs one video at a time.
+Each is started with NumPy's BLAS/OpenMP pools sized like its OpenCV threads (:meth:`TrackOptions.thread_env`).
 They ignore SIGINT (the parent decides what a Ctrl-C means) and die with the parent (``PR_SET_PDEATHSIG`` on
 Linux; elsewhere they notice a changed parent pid within a second or a quarter-second between frames, and cancel).
 A worker that dies mid-video yields a ``failed`` result for that video and is replaced.
@@ -19,6 +20,8 @@ import os
 import queue
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +99,19 @@ def _worker_loop(runner: JobRunner, slot: int, gen: int, tasks: Any, events: Any
         events.put(("result", slot, gen, job.key, result.frames, result.to_dict(), None))
 
 
+@contextmanager
+def _environment(extra: dict[str, str]) -> Iterator[None]:
+    """``extra`` in ``os.environ`` (variables the user set keep their values) for the duration, for the process
+    started inside.  Driven from one thread (the executor's)."""
+    added = {k: v for k, v in extra.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
 @dataclass
 class _Worker:
     slot: int
@@ -129,7 +145,8 @@ class LocalExecutor:
             daemon=True,
             args=(slot, self._gen, self.options, tasks, self._events, os.getpid(), self.log_level),
         )
-        proc.start()
+        with _environment(self.options.thread_env()):  # spawn copies the environment now
+            proc.start()
         self._workers[slot] = _Worker(slot, self._gen, proc, tasks)
 
     def start(self) -> None:

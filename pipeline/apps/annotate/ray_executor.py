@@ -11,6 +11,7 @@ one thread; not thread-safe.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -139,6 +140,10 @@ class RayExecutor:
         )
         if self.resources:
             actor_options["resources"] = self.resources
+        # NumPy's BLAS/OpenMP pools sized like the actor's OpenCV threads (read when the actor imports NumPy)
+        env = {k: v for k, v in self.options.thread_env().items() if k not in os.environ}
+        if env:
+            actor_options["runtime_env"] = {"env_vars": env}
         self._cls = ray.remote(AnnotateActor).options(**actor_options)
         for slot in range(self.slots):
             self._new_actor(slot)
