@@ -19,7 +19,6 @@ import json
 import math
 import os
 import shutil
-import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -94,10 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def install(bindir: str | os.PathLike[str]) -> Path:
     """Write ``bindir/amct_onnx``, an executable that runs this script with the current Python; returns its path."""
-    exe = Path(bindir) / "amct_onnx"
-    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).resolve()}" "$@"\n')
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return exe
+    from fake_atc import install_script
+
+    return install_script(bindir, "amct_onnx", __file__)
 
 
 if __name__ == "__main__":

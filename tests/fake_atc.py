@@ -86,12 +86,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def install(bindir: str | os.PathLike[str]) -> Path:
-    """Write ``bindir/atc``, an executable that runs this script with the current Python; returns its path."""
-    exe = Path(bindir) / "atc"
-    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).resolve()}" "$@"\n')
+def install_script(bindir: str | os.PathLike[str], name: str, script: str | os.PathLike[str]) -> Path:
+    """Write ``bindir/name``, an executable that runs the Python file ``script`` with the current Python."""
+    exe = Path(bindir) / name
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(script).resolve()}" "$@"\n')
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return exe
+
+
+def install(bindir: str | os.PathLike[str]) -> Path:
+    """Write ``bindir/atc``, an executable that runs this script with the current Python; returns its path."""
+    return install_script(bindir, "atc", __file__)
 
 
 if __name__ == "__main__":
