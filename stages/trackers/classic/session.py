@@ -23,6 +23,9 @@ from .segment import _fill_holes, mask_from_box, mask_from_points
 logger = logging.getLogger(__name__)
 
 _OUTSIDE = -10.0  # logit of pixels far from every object
+#: new click prompts on one frame beyond which each is segmented by colour only (the box search costs ~0.2-0.5 s
+#: of CPU per click; hundreds of objects prompted at once, e.g. from a file, would otherwise take minutes)
+MAX_SEARCHED_CLICKS = 16
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,18 @@ class ClassicSession(TrackerSession):
                 if found is not None:
                     logits[oid] = found
         prompted: set[int] = set()
+        clicks = sum(
+            1 for p in pending.values() if p.box is None and p.mask is None and np.any(p.labels == 1)
+        )
+        search = clicks <= MAX_SEARCHED_CLICKS
+        if not search:
+            logger.info(
+                "frame %d: %d new click prompts; more than %d on one frame are segmented by colour only "
+                "(no box search), so that many prompts do not take minutes",
+                frame.index,
+                clicks,
+                MAX_SEARCHED_CLICKS,
+            )
         for oid, p in pending.items():
             if self.stop_requested():
                 raise StepAborted(
@@ -238,7 +253,7 @@ class ClassicSession(TrackerSession):
             elif sp.box is not None:
                 mask = mask_from_box(img, sp.box, pos, neg)
             elif len(pos):
-                mask = mask_from_points(img, qidx, pos, neg)
+                mask = mask_from_points(img, qidx, pos, neg, search=search)
             else:  # negative-only correction of a known object: refine its current estimate
                 cur = logits[oid] > 0 if oid in logits else self._tracks[oid].mask
                 mask = mask_from_points(img, qidx, pos, neg, prior=cur)
