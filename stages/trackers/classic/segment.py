@@ -91,7 +91,7 @@ def _objectness(qidx: np.ndarray, mask: np.ndarray) -> float:
 # (a) its box holds (the mask touches at most 5 % of the box's border) and (b) stands out from its surroundings
 # (Bhattacharyya distance to its ring >= 0.5, and >= 0.7 in the two largest boxes, which hold more background that a
 # weak region could absorb).  None qualifies: the colour region under the click is kept.  Chosen on the DAVIS-2016
-# dev split (frame-0 IoU 0.32 -> 0.52; docs/classic-tracker.md).
+# dev split (frame-0 IoU 0.32 -> 0.54; docs/classic-tracker.md).
 SCALES = (0.11, 0.16, 0.23, 0.32, 0.45)  # half-height of the box, as a fraction of the frame's short side
 ASPECTS = (1.3, 0.7)  # half-width / half-height
 MAX_TOUCH = 0.05
