@@ -2,7 +2,9 @@
 
 Clicks: a colour model seeded at the positive clicks is grown into a rough region (likelihood ratio against the
 surroundings, connected component holding the click, two re-estimation rounds), then refined by ``cv2.grabCut``
-on a local region of interest.  Box: ``cv2.grabCut`` in rectangle mode.  Pure functions, thread-safe.
+on a local region of interest; then ``cv2.grabCut`` in boxes of several sizes around the click may find more of the
+object (``_scale_search``; the rule is above it).  Box: ``cv2.grabCut`` in rectangle mode.  Pure functions,
+thread-safe.
 """
 
 from __future__ import annotations
@@ -238,8 +240,8 @@ def mask_from_points(
         out = rough
     if search and prior is None and len(seeds):
         alt = _scale_search(img, qidx, seeds, neg)
-        own = _objectness(qidx, out) if out.any() else 0.0
         if alt is not None:
+            own = _objectness(qidx, out) if out.any() else 0.0
             distinct = _objectness(qidx, alt)
             # the box search is there to find more of the object than the colour region under the click: a region
             # that is smaller and less distinct than that colour region does not replace it; nor does one only a
