@@ -18,7 +18,7 @@ from vostream.pipeline.types import Frame, Prompt, TrackResult
 from ..base import StepAborted, TrackerSession
 from .appearance import ColourModel, bhattacharyya, histogram, quantise
 from .motion import FlowEstimator, similarity_from_flow
-from .segment import _fill_holes, mask_from_box, mask_from_points
+from .segment import BOX_CHECK_FRAMES, _fill_holes, mask_from_box, mask_from_points, refine_box_by_motion
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +26,11 @@ _OUTSIDE = -10.0  # logit of pixels far from every object
 #: new click prompts on one frame beyond which each is segmented by colour only (the box search costs ~0.2-0.5 s
 #: of CPU per click; hundreds of objects prompted at once, e.g. from a file, would otherwise take minutes)
 MAX_SEARCHED_CLICKS = 16
+#: a box check by motion (``segment.refine_box_by_motion``) replaces the mask only when it changes it (IoU with the
+#: box mask under SAME_MASK) and when the corrected mask, carried to the current frame by the flow, lies mostly
+#: (>= CARRIED) on the tracked object
+SAME_MASK = 0.9
+CARRIED = 0.7
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,18 @@ class _Track:
     grow: np.ndarray | None = None  # (h, w) float32 running vote "moves with the object" (click prompts)
     motion: np.ndarray | None = None  # 2x3 similarity of the last propagation (previous -> this frame)
     prompted_at: int = 0  # frame index of the last prompt (contested pixels go to the newest)
+    box_check: _BoxCheck | None = None  # a box prompt waiting for its check by motion
+
+
+@dataclass
+class _BoxCheck:
+    """What a box prompt's check by motion needs from the prompt frame (``segment.refine_box_by_motion``)."""
+
+    frames_left: int  # processed frames until the check
+    img: np.ndarray  # (h, w, 3) uint8 prompt frame at working resolution
+    gray: np.ndarray
+    box: tuple[float, float, float, float]  # working resolution
+    mask: np.ndarray  # the box prompt's mask
 
 
 def _signed_distance(mask: np.ndarray) -> np.ndarray:
@@ -225,6 +242,9 @@ class ClassicSession(TrackerSession):
                 found = self._reacquire(tr, qidx, frame.index)
                 if found is not None:
                     logits[oid] = found
+        for oid, tr in self._tracks.items():
+            if tr.box_check is not None and oid not in refresh:
+                self._check_box(tr, img, gray, qidx, logits)
         prompted: set[int] = set()
         clicks = sum(
             1 for p in pending.values() if p.box is None and p.mask is None and np.any(p.labels == 1)
@@ -261,6 +281,8 @@ class ClassicSession(TrackerSession):
             self._init_track(
                 oid, mask, qidx, frame.index, keep_area=oid in self._tracks and oid not in refresh
             )
+            if sp.mask is None and sp.box is not None:
+                self._tracks[oid].box_check = _BoxCheck(BOX_CHECK_FRAMES, img, gray, sp.box, mask)
             if sp.mask is None and sp.box is None and len(pos):
                 self._tracks[oid].grow_until = frame.index + self.params.grow_frames
                 self._tracks[oid].grow_base = float(mask.sum())
@@ -531,6 +553,51 @@ class ClassicSession(TrackerSession):
         nt.grow = grow
         return np.clip(_signed_distance(full) * 1.5, -6, 6).astype(np.float32)
 
+    def _check_box(
+        self, tr: _Track, img: np.ndarray, gray: np.ndarray, qidx: np.ndarray, logits: dict[int, np.ndarray]
+    ) -> None:
+        """``BOX_CHECK_FRAMES`` frames after a box prompt: re-segment the prompt frame with the motion since then
+        (``refine_box_by_motion``) and, when that changes the mask, carry it to this frame through the backward
+        flow and restart the object's models from it.  Once per box prompt (dropped while the object is absent)."""
+        bc = tr.box_check
+        assert bc is not None
+        bc.frames_left -= 1
+        if bc.frames_left > 0:
+            return
+        tr.box_check = None
+        if tr.obj_id not in logits or bc.gray.shape != gray.shape:
+            return
+        fwd = self._flow(bc.gray, gray)
+        ref = refine_box_by_motion(bc.img, bc.box, bc.mask, fwd)
+        if ref is None or (ref & bc.mask).sum() >= SAME_MASK * (ref | bc.mask).sum():
+            logger.debug("object %d: box check by motion kept the box mask", tr.obj_id)
+            return
+        h, w = gray.shape
+        bwd = self._flow_back(gray, bc.gray)
+        gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+        moved = cv2.remap(
+            ref.astype(np.uint8), gx + bwd[..., 0], gy + bwd[..., 1], cv2.INTER_NEAREST, borderValue=0
+        ).astype(bool)
+        cur = logits[tr.obj_id] > 0
+        near = cv2.dilate(cur.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=3).astype(bool)
+        if (moved & near).sum() < CARRIED * moved.sum() or not moved.any():
+            # the flow over several frames did not carry the mask onto the tracked object (fast motion)
+            logger.debug("object %d: box check by motion: the corrected mask could not be carried", tr.obj_id)
+            return
+        logger.debug(
+            "object %d: box check by motion: %d -> %d px", tr.obj_id, int(bc.mask.sum()), int(ref.sum())
+        )
+        old = tr
+        self._init_track(tr.obj_id, moved, qidx, tr.last_seen, keep_area=False)
+        nt = self._tracks[tr.obj_id]
+        nt.velocity, nt.prompted_at, nt.motion, nt.centroid = (
+            old.velocity,
+            old.prompted_at,
+            old.motion,
+            old.centroid,
+        )
+        logits[tr.obj_id] = np.clip(_signed_distance(moved) * 1.5, -6, 6).astype(np.float32)
+
     def _prior(self, sd: np.ndarray) -> np.ndarray:
         """Shape prior in log-odds from a signed distance map (positive inside)."""
         p = self.params
@@ -698,6 +765,7 @@ class ClassicSession(TrackerSession):
             f = (w * h) / float(ow * oh)
             tr.area_ref *= f
             tr.size = float(np.sqrt(tr.area_ref))
+            tr.box_check = None
             if tr.present and not tr.mask.any():
                 tr.present = False
         self._prev_gray = None
