@@ -18,7 +18,16 @@ from vostream.pipeline.types import Frame, Prompt, TrackResult
 from ..base import StepAborted, TrackerSession
 from .appearance import ColourModel, bhattacharyya, histogram, quantise
 from .motion import FlowEstimator, similarity_from_flow
-from .segment import BOX_CHECK_FRAMES, _fill_holes, mask_from_box, mask_from_points, refine_box_by_motion
+from .segment import (
+    BOX_CHECK_FRAMES,
+    CLICK_AGREE,
+    CLICK_CHECK_FRAMES,
+    _fill_holes,
+    mask_from_box,
+    mask_from_points,
+    refine_box_by_motion,
+    refine_click_by_motion,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +35,8 @@ _OUTSIDE = -10.0  # logit of pixels far from every object
 #: new click prompts on one frame beyond which each is segmented by colour only (the box search costs ~0.2-0.5 s
 #: of CPU per click; hundreds of objects prompted at once, e.g. from a file, would otherwise take minutes)
 MAX_SEARCHED_CLICKS = 16
-#: a box check by motion (``segment.refine_box_by_motion``) replaces the mask only when it changes it (IoU with the
-#: box mask under SAME_MASK) and when the corrected mask, carried to the current frame by the flow, lies mostly
+#: a check by motion (``segment.refine_box_by_motion``, ``refine_click_by_motion``) replaces the mask only when it
+#: changes it (IoU with the prompt's mask under SAME_MASK) and when the corrected mask, carried to the current frame by the flow, lies mostly
 #: (>= CARRIED) on the tracked object
 SAME_MASK = 0.9
 CARRIED = 0.7
@@ -94,18 +103,21 @@ class _Track:
     grow: np.ndarray | None = None  # (h, w) float32 running vote "moves with the object" (click prompts)
     motion: np.ndarray | None = None  # 2x3 similarity of the last propagation (previous -> this frame)
     prompted_at: int = 0  # frame index of the last prompt (contested pixels go to the newest)
-    box_check: _BoxCheck | None = None  # a box prompt waiting for its check by motion
+    check: _MotionCheck | None = None  # a prompt waiting for its check by motion
 
 
 @dataclass
-class _BoxCheck:
-    """What a box prompt's check by motion needs from the prompt frame (``segment.refine_box_by_motion``)."""
+class _MotionCheck:
+    """A prompt's mask waiting for its check by motion (``segment.refine_box_by_motion`` for a box,
+    ``segment.refine_click_by_motion`` for clicks): what the check needs from the prompt frame."""
 
-    frames_left: int  # processed frames until the check
+    kind: str  # "box" | "click"
     img: np.ndarray  # (h, w, 3) uint8 prompt frame at working resolution
     gray: np.ndarray
-    box: tuple[float, float, float, float]  # working resolution
-    mask: np.ndarray  # the box prompt's mask
+    box: tuple[float, float, float, float]  # the box prompt, working resolution (unused for clicks)
+    mask: np.ndarray  # the prompt's mask
+    seen: int = 0  # frames processed since the prompt
+    first: np.ndarray | None = None  # clicks: the first of the two estimates that must agree
 
 
 def _signed_distance(mask: np.ndarray) -> np.ndarray:
@@ -243,8 +255,8 @@ class ClassicSession(TrackerSession):
                 if found is not None:
                     logits[oid] = found
         for oid, tr in self._tracks.items():
-            if tr.box_check is not None and oid not in refresh:
-                self._check_box(tr, img, gray, qidx, logits)
+            if tr.check is not None and oid not in refresh:
+                self._check_by_motion(tr, gray, qidx, logits)
         prompted: set[int] = set()
         clicks = sum(
             1 for p in pending.values() if p.box is None and p.mask is None and np.any(p.labels == 1)
@@ -282,7 +294,9 @@ class ClassicSession(TrackerSession):
                 oid, mask, qidx, frame.index, keep_area=oid in self._tracks and oid not in refresh
             )
             if sp.mask is None and sp.box is not None:
-                self._tracks[oid].box_check = _BoxCheck(BOX_CHECK_FRAMES, img, gray, sp.box, mask)
+                self._tracks[oid].check = _MotionCheck("box", img, gray, sp.box, mask)
+            elif sp.mask is None and len(pos) and search:
+                self._tracks[oid].check = _MotionCheck("click", img, gray, (0.0, 0.0, 0.0, 0.0), mask)
             if sp.mask is None and sp.box is None and len(pos):
                 self._tracks[oid].grow_until = frame.index + self.params.grow_frames
                 self._tracks[oid].grow_base = float(mask.sum())
@@ -553,39 +567,71 @@ class ClassicSession(TrackerSession):
         nt.grow = grow
         return np.clip(_signed_distance(full) * 1.5, -6, 6).astype(np.float32)
 
-    def _check_box(
-        self, tr: _Track, img: np.ndarray, gray: np.ndarray, qidx: np.ndarray, logits: dict[int, np.ndarray]
+    def _check_by_motion(
+        self, tr: _Track, gray: np.ndarray, qidx: np.ndarray, logits: dict[int, np.ndarray]
     ) -> None:
-        """``BOX_CHECK_FRAMES`` frames after a box prompt: re-segment the prompt frame with the motion since then
-        (``refine_box_by_motion``) and, when that changes the mask, carry it to this frame through the backward
-        flow and restart the object's models from it.  Once per box prompt (dropped while the object is absent)."""
-        bc = tr.box_check
-        assert bc is not None
-        bc.frames_left -= 1
-        if bc.frames_left > 0:
+        """A few frames after a box or click prompt: re-segment the prompt frame with the motion since then
+        (``refine_box_by_motion`` ``BOX_CHECK_FRAMES`` frames after a box; ``refine_click_by_motion`` at both
+        ``CLICK_CHECK_FRAMES`` after clicks, the two estimates must agree) and, when that changes the mask, carry
+        it to this frame through the backward flow and restart the object's models from it.  Once per prompt;
+        dropped while the object is absent or when the frame size changes."""
+        mc = tr.check
+        assert mc is not None
+        mc.seen += 1
+        last = BOX_CHECK_FRAMES if mc.kind == "box" else CLICK_CHECK_FRAMES[-1]
+        if mc.seen not in ((BOX_CHECK_FRAMES,) if mc.kind == "box" else CLICK_CHECK_FRAMES):
             return
-        tr.box_check = None
-        if tr.obj_id not in logits or bc.gray.shape != gray.shape:
+        if mc.seen >= last:
+            tr.check = None
+        if tr.obj_id not in logits or mc.gray.shape != gray.shape:
+            tr.check = None
             return
-        fwd = self._flow(bc.gray, gray)
-        ref = refine_box_by_motion(bc.img, bc.box, bc.mask, fwd)
-        if ref is None or (ref & bc.mask).sum() >= SAME_MASK * (ref | bc.mask).sum():
-            logger.debug("object %d: box check by motion kept the box mask", tr.obj_id)
+        fwd = self._flow(mc.gray, gray)
+        if mc.kind == "box":
+            ref = refine_box_by_motion(mc.img, mc.box, mc.mask, fwd)
+        else:
+            ref = refine_click_by_motion(mc.img, mc.mask, fwd)
+            if mc.seen < last:
+                if ref is None:
+                    tr.check = None
+                mc.first = ref
+                return
+            if (
+                ref is None
+                or mc.first is None
+                or (ref & mc.first).sum() < CLICK_AGREE * (ref | mc.first).sum()
+            ):
+                logger.debug(
+                    "object %d: the click's motion estimates disagree (%s vs %s px, IoU %.2f); mask kept",
+                    tr.obj_id,
+                    None if mc.first is None else int(mc.first.sum()),
+                    None if ref is None else int(ref.sum()),
+                    0.0 if ref is None or mc.first is None else (ref & mc.first).sum() / (ref | mc.first).sum(),
+                )
+                return
+        if ref is None or (ref & mc.mask).sum() >= SAME_MASK * (ref | mc.mask).sum():
+            logger.debug("object %d: %s check by motion kept the mask", tr.obj_id, mc.kind)
             return
         h, w = gray.shape
-        bwd = self._flow_back(gray, bc.gray)
+        bwd = self._flow_back(gray, mc.gray)
         gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
         moved = cv2.remap(
             ref.astype(np.uint8), gx + bwd[..., 0], gy + bwd[..., 1], cv2.INTER_NEAREST, borderValue=0
         ).astype(bool)
         cur = logits[tr.obj_id] > 0
-        near = cv2.dilate(cur.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=3).astype(bool)
-        if (moved & near).sum() < CARRIED * moved.sum() or not moved.any():
-            # the flow over several frames did not carry the mask onto the tracked object (fast motion)
-            logger.debug("object %d: box check by motion: the corrected mask could not be carried", tr.obj_id)
+        # the corrected mask, carried over several frames, must sit on the tracked object: inside it (box: the
+        # check removes background) or around it (clicks: the check grows the part to the object)
+        inner, outer = (moved, cur) if mc.kind == "box" else (cur, moved)
+        near = cv2.dilate(outer.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=3).astype(bool)
+        if not moved.any() or (inner & near).sum() < CARRIED * inner.sum():
+            logger.debug("object %d: the mask from the check by motion could not be carried", tr.obj_id)
             return
         logger.debug(
-            "object %d: box check by motion: %d -> %d px", tr.obj_id, int(bc.mask.sum()), int(ref.sum())
+            "object %d: %s check by motion: %d -> %d px",
+            tr.obj_id,
+            mc.kind,
+            int(mc.mask.sum()),
+            int(ref.sum()),
         )
         old = tr
         self._init_track(tr.obj_id, moved, qidx, tr.last_seen, keep_area=False)
@@ -596,6 +642,7 @@ class ClassicSession(TrackerSession):
             old.motion,
             old.centroid,
         )
+        nt.grow_until, nt.grow_base = old.grow_until, float(moved.sum())
         logits[tr.obj_id] = np.clip(_signed_distance(moved) * 1.5, -6, 6).astype(np.float32)
 
     def _prior(self, sd: np.ndarray) -> np.ndarray:
@@ -765,7 +812,7 @@ class ClassicSession(TrackerSession):
             f = (w * h) / float(ow * oh)
             tr.area_ref *= f
             tr.size = float(np.sqrt(tr.area_ref))
-            tr.box_check = None
+            tr.check = None
             if tr.present and not tr.mask.any():
                 tr.present = False
         self._prev_gray = None
