@@ -304,6 +304,9 @@ def mask_from_box(
 BOX_CHECK_FRAMES = 3  # processed frames after the prompt at which the check runs
 MOVING_FACTOR = 1.5  # a pixel moves when its residual exceeds this x the 90th percentile of the background's
 MIN_KEEP = 0.5  # the checked mask keeps at least this fraction of the box mask (else: a flow failure)
+STATIC_FACTOR = 0.25  # textured pixels with a residual under this x that percentile are surely background
+MIN_SIDE = 40  # boxes narrower than this (working pixels: ~3 DIS patches) are not checked: too little flow
+TEXTURE = 100.0  # structure-tensor eigenvalue over which a pixel is textured (flow is trustworthy there)
 
 
 def _box_of(mask: np.ndarray, pad: float) -> tuple[float, float, float, float]:
@@ -322,10 +325,10 @@ def _inside(shape: tuple[int, int], box: tuple[float, float, float, float]) -> n
     return out
 
 
-def _moving(flow: np.ndarray, exclude: np.ndarray) -> np.ndarray | None:
-    """Pixels whose flow the background's motion does not explain.  Background motion: an affine map fitted by
-    RANSAC to the flow on a grid outside ``exclude``; a pixel moves when its residual exceeds ``MOVING_FACTOR`` x
-    the 90th-percentile residual outside ``exclude`` (and 1 px).  None when the background cannot be fitted."""
+def _residual(flow: np.ndarray, exclude: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """How far each pixel's flow is from the background's motion, and the 90th percentile of that outside
+    ``exclude``.  Background motion: an affine map fitted by RANSAC to the flow on a grid outside ``exclude``.
+    None when it cannot be fitted."""
     h, w = exclude.shape
     ys, xs = np.mgrid[4:h:8, 4:w:8]
     ys, xs = ys.ravel(), xs.ravel()
@@ -342,7 +345,23 @@ def _moving(flow: np.ndarray, exclude: np.ndarray) -> np.ndarray | None:
     rx = flow[..., 0] - (bg[0, 0] * gx + bg[0, 1] * gy + bg[0, 2] - gx)
     ry = flow[..., 1] - (bg[1, 0] * gx + bg[1, 1] * gy + bg[1, 2] - gy)
     resid = np.sqrt(rx * rx + ry * ry)
-    return resid > max(1.0, MOVING_FACTOR * float(np.percentile(resid[~exclude], 90)))
+    return resid, float(np.percentile(resid[~exclude], 90))
+
+
+def _moving(flow: np.ndarray, exclude: np.ndarray) -> np.ndarray | None:
+    """Pixels whose flow the background's motion does not explain: residual (``_residual``) over
+    ``MOVING_FACTOR`` x its 90th percentile outside ``exclude``, and over 1 px."""
+    r = _residual(flow, exclude)
+    return None if r is None else r[0] > max(1.0, MOVING_FACTOR * r[1])
+
+
+def _textured(img: np.ndarray) -> np.ndarray:
+    """Pixels where optical flow is trustworthy: the smaller eigenvalue of the 7x7 structure tensor is over
+    ``TEXTURE`` (flat regions - sky, a painted wall - get whatever flow their surroundings have)."""
+    g = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY).astype(np.float32)
+    gx, gy = cv2.Sobel(g, cv2.CV_32F, 1, 0), cv2.Sobel(g, cv2.CV_32F, 0, 1)
+    jxx, jyy, jxy = cv2.blur(gx * gx, (7, 7)), cv2.blur(gy * gy, (7, 7)), cv2.blur(gx * gy, (7, 7))
+    return 0.5 * (jxx + jyy - np.sqrt((jxx - jyy) ** 2 + 4 * jxy**2)) > TEXTURE
 
 
 def refine_box_by_motion(
@@ -351,26 +370,36 @@ def refine_box_by_motion(
     """The box prompt's mask on its frame ``img``, re-segmented with motion: ``flow`` is the dense flow from that
     frame to a later one.  Pixels in the box that move against the background (``_moving``, background fitted
     outside the box) move with the object.  grabCut in mask mode then takes moving pixels of the mask as sure
-    object, other moving pixels in the box as probable object, static ones as probable background.  None when
-    nothing in the box moves against the background, the background's motion cannot be fitted, or the result
-    keeps less than ``MIN_KEEP`` of ``mask`` (textureless objects whose flow follows the background)."""
+    object, other moving pixels in the box as probable object, static ones as probable background (surely
+    background where textured and moving just like the background); only its components that hold sure-object
+    pixels are kept.  None when
+    the box is under ``MIN_SIDE`` across, nothing in it moves against the background, the background's motion
+    cannot be fitted, or the result keeps less than ``MIN_KEEP`` of ``mask`` (textureless objects whose flow
+    follows the background)."""
     h, w = mask.shape
+    if min(box[2] - box[0], box[3] - box[1]) < MIN_SIDE or not mask.any():
+        return None
     inbox = _inside((h, w), box)
-    if inbox.sum() < 16 or not mask.any():
+    r = _residual(flow, inbox)
+    if r is None:
         return None
-    moving = _moving(flow, inbox)
-    if moving is None:
-        return None
-    moving &= inbox
+    resid, p90 = r
+    moving = inbox & (resid > max(1.0, MOVING_FACTOR * p90))
     core = cv2.erode((moving & mask).astype(np.uint8), np.ones((3, 3), np.uint8), iterations=2).astype(bool)
     if not core.any():
         return None
     init = np.full((h, w), cv2.GC_BGD, np.uint8)
     init[inbox] = cv2.GC_PR_BGD
     init[moving] = cv2.GC_PR_FGD
+    # textured pixels that move exactly like the background are background, whatever their colour
+    init[inbox & (resid < STATIC_FACTOR * max(p90, 0.5)) & _textured(img)] = cv2.GC_BGD
     init[core] = cv2.GC_FGD
     bx0, by0, bx1, by1 = _roi(inbox, 0.5, 8)
     out = _grabcut(img, init, (bx0, by0, bx1, by1))
+    n, lab = cv2.connectedComponents(out.astype(np.uint8), connectivity=8)
+    if n > 1:  # a look-alike static region that does not touch the moving object is not part of it
+        ids = np.unique(lab[core & out])
+        out = np.isin(lab, ids[ids > 0])
     if out.sum() < MIN_KEEP * mask.sum():
         return None
     return _fill_holes(out)

@@ -606,7 +606,9 @@ class ClassicSession(TrackerSession):
                     tr.obj_id,
                     None if mc.first is None else int(mc.first.sum()),
                     None if ref is None else int(ref.sum()),
-                    0.0 if ref is None or mc.first is None else (ref & mc.first).sum() / (ref | mc.first).sum(),
+                    0.0
+                    if ref is None or mc.first is None
+                    else (ref & mc.first).sum() / (ref | mc.first).sum(),
                 )
                 return
         if ref is None or (ref & mc.mask).sum() >= SAME_MASK * (ref | mc.mask).sum():
