@@ -209,3 +209,25 @@ def test_click_check_by_motion_grows_a_part_to_the_moving_object(two_part) -> No
     assert _iou(grown, masks[0]) >= 0.85
     # a static background (no motion against it) gives no region to grow to
     assert refine_click_by_motion(imgs[0], part, _flow(imgs[0], imgs[0])) is None
+
+
+def test_a_click_on_a_small_highlight_takes_the_object_not_the_highlight() -> None:
+    """DAVIS car-roundabout: the click lands on a small bright reflection on a car door.  The box search around the
+    click finds only the reflection (every box large enough for the car cuts through it), and that tiny region,
+    more distinct than the car, used to replace the car's colour region (IoU 0.00).  A box-search region smaller
+    than the seed disc at the click is a detail, not the object: the colour region stays."""
+    from vostream.stages.trackers.classic.appearance import quantise
+    from vostream.stages.trackers.classic.segment import mask_from_points
+
+    w, h = 480, 270
+    rng = np.random.default_rng(0)
+    img = _texture(rng, h, w, 14, np.array([[110, 110, 120], [60, 140, 60], [150, 120, 90]], np.float32))
+    car = _texture(rng, h, w, 9, np.array([[90, 90, 100], [70, 70, 80], [120, 120, 130]], np.float32))
+    truth = np.zeros((h, w), bool)
+    truth[105:165, 20:460] = True  # long and low: every search box cuts through it
+    img[truth] = car[truth]
+    cv2.circle(img, (240, 135), 3, (255, 255, 250), -1)
+    cv2.setRNGSeed(0)
+    none = np.zeros((0, 2), np.float32)
+    mask = mask_from_points(img, quantise(img), np.array([[240, 135]], np.float32), none)
+    assert _iou(mask, truth) >= 0.9, (int(mask.sum()), _iou(mask, truth))

@@ -244,9 +244,10 @@ def mask_from_points(
             own = _objectness(qidx, out) if out.any() else 0.0
             distinct = _objectness(qidx, alt)
             # the box search is there to find more of the object than the colour region under the click: a region
-            # that is smaller and less distinct than that colour region does not replace it; nor does one only a
+            # that is smaller and less distinct than that colour region does not replace it, nor one smaller than the
+            # seed disc at the click (a detail under the click, e.g. a reflection on a car door); nor does one only a
             # little more distinct than a colour region that is all but perfectly separable (a flat-coloured object)
-            smaller = alt.sum() < out.sum() and distinct <= own
+            smaller = alt.sum() < out.sum() and (distinct <= own or alt.sum() < np.pi * r0 * r0)
             if not smaller and (own < OWN_DISTINCT or distinct + COLOUR_MARGIN >= own):
                 out = _fill_holes(alt)
     if not out.any():
