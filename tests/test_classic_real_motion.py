@@ -134,7 +134,7 @@ def two_part_scene(
     red, blue, disc_tex = (_texture(rng, H, W, 7, p) for p in (RED, BLUE, RED))
     x0, y0 = 70, 40
     disc = np.zeros((H, W), np.uint8)
-    cv2.circle(disc, (x0 + 86, y0 + 18), 18, 1, -1)
+    cv2.circle(disc, (x0 + 86, y0 + 18), 21, 1, -1)
     static = disc.astype(bool)
     imgs, masks, part = [], [], np.zeros((H, W), bool)
     for t in range(frames):
@@ -231,3 +231,36 @@ def test_a_click_on_a_small_highlight_takes_the_object_not_the_highlight() -> No
     none = np.zeros((0, 2), np.float32)
     mask = mask_from_points(img, quantise(img), np.array([[240, 135]], np.float32), none)
     assert _iou(mask, truth) >= 0.9, (int(mask.sum()), _iou(mask, truth))
+
+
+def test_checks_by_motion_with_skipped_frames_a_size_change_and_two_objects(two_part) -> None:
+    """The checks count processed frames, share their flow between objects prompted on one frame, and are dropped
+    (not crashed) when the frame size changes before they run."""
+    imgs, masks, part, _ = two_part
+    tracker = ClassicTracker()
+    pre = Preprocessor(tracker.input_spec(W, H))
+    session = tracker.new_session()
+    session.add_prompt(Prompt(1, 0, box=_box(masks[0])))
+    session.add_prompt(Prompt(2, 0, points=np.array([[270.0, 150.0]], np.float32), labels=np.array([1])))
+    ious = []
+    for t in (0, 2, 3, 4, 5, 6, 7):  # frame 1 skipped: the box check runs at frame 4, the click's at 5 and 7
+        fr = Frame(t, imgs[t])
+        fr.tensor = pre(imgs[t])
+        res = session.step(fr)
+        assert res.logits is not None and list(res.obj_ids) == [1, 2]
+        ious.append(_iou(cv2.resize(res.logits[0], (W, H)) > 0, masks[t]))
+    # the box check ran over the skipped frame (the carried mask keeps a strip of background the object uncovered
+    # since the prompt frame for a frame or two: without the check the disc stays, 0.81-0.85 here)
+    assert ious[0] < 0.85 and float(np.mean(ious[4:])) >= 0.88, np.round(ious, 2)
+    assert all(session._tracks[oid].check is None for oid in (1, 2))  # both checks are done
+
+    session = tracker.new_session()
+    session.add_prompt(Prompt(1, 0, box=_box(masks[0])))
+    big = Preprocessor(tracker.input_spec(2 * W, 2 * H))
+    for t in range(5):
+        img = imgs[t] if t < 2 else cv2.resize(imgs[t], (2 * W, 2 * H))
+        fr = Frame(t, img)
+        fr.tensor = (pre if t < 2 else big)(img)
+        res = session.step(fr)
+        assert res.logits is not None and res.logits.shape[1:] == fr.tensor.shape[:2]
+    assert session._tracks[1].check is None

@@ -254,9 +254,14 @@ class ClassicSession(TrackerSession):
                 found = self._reacquire(tr, qidx, frame.index)
                 if found is not None:
                     logits[oid] = found
+        flows: dict[tuple[int, bool], np.ndarray] = {}  # objects prompted on the same frame share their flows
         for oid, tr in self._tracks.items():
             if tr.check is not None and oid not in refresh:
-                self._check_by_motion(tr, gray, qidx, logits)
+                if self.stop_requested():
+                    raise StepAborted(
+                        f"frame {frame.index}: stopped before the check by motion of object {oid}"
+                    )
+                self._check_by_motion(tr, gray, qidx, logits, flows)
         prompted: set[int] = set()
         clicks = sum(
             1 for p in pending.values() if p.box is None and p.mask is None and np.any(p.labels == 1)
@@ -568,7 +573,12 @@ class ClassicSession(TrackerSession):
         return np.clip(_signed_distance(full) * 1.5, -6, 6).astype(np.float32)
 
     def _check_by_motion(
-        self, tr: _Track, gray: np.ndarray, qidx: np.ndarray, logits: dict[int, np.ndarray]
+        self,
+        tr: _Track,
+        gray: np.ndarray,
+        qidx: np.ndarray,
+        logits: dict[int, np.ndarray],
+        flows: dict[tuple[int, bool], np.ndarray],
     ) -> None:
         """A few frames after a box or click prompt: re-segment the prompt frame with the motion since then
         (``refine_box_by_motion`` ``BOX_CHECK_FRAMES`` frames after a box; ``refine_click_by_motion`` at both
@@ -586,7 +596,9 @@ class ClassicSession(TrackerSession):
         if tr.obj_id not in logits or mc.gray.shape != gray.shape:
             tr.check = None
             return
-        fwd = self._flow(mc.gray, gray)
+        if (id(mc.gray), True) not in flows:
+            flows[id(mc.gray), True] = self._flow(mc.gray, gray)
+        fwd = flows[id(mc.gray), True]
         if mc.kind == "box":
             ref = refine_box_by_motion(mc.img, mc.box, mc.mask, fwd)
         else:
@@ -615,7 +627,9 @@ class ClassicSession(TrackerSession):
             logger.debug("object %d: %s check by motion kept the mask", tr.obj_id, mc.kind)
             return
         h, w = gray.shape
-        bwd = self._flow_back(gray, mc.gray)
+        if (id(mc.gray), False) not in flows:
+            flows[id(mc.gray), False] = self._flow_back(gray, mc.gray)
+        bwd = flows[id(mc.gray), False]
         gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
         moved = cv2.remap(
             ref.astype(np.uint8), gx + bwd[..., 0], gy + bwd[..., 1], cv2.INTER_NEAREST, borderValue=0
