@@ -73,6 +73,10 @@ class ClassicParams:
     # DAVIS dev split 20 frames gave click J +0.017, but a fast, flat-coloured object grows into the background
     # it uncovers (the moving-square clips of the tests lose 0.1-0.2 IoU)
     grow_frames: int = 0
+    # a box or click prompt's mask is checked by motion a few frames later (segment.refine_box_by_motion,
+    # refine_click_by_motion): background that moves like the background leaves it, a click's part grows to what
+    # moves with it; False keeps every prompt's mask as segmented on its frame
+    check_by_motion: bool = True
     grow_min_sep: float = 1.5  # ... when its motion differs from the background's by this many px
     grow_min_gain: float = 1.25  # ... and the moving region is at least this x the mask
     grow_max: float = 8.0  # ... up to this x the click's own segmentation
@@ -298,9 +302,11 @@ class ClassicSession(TrackerSession):
             self._init_track(
                 oid, mask, qidx, frame.index, keep_area=oid in self._tracks and oid not in refresh
             )
-            if sp.mask is None and sp.box is not None:
+            if not self.params.check_by_motion or sp.mask is not None:
+                pass
+            elif sp.box is not None:
                 self._tracks[oid].check = _MotionCheck("box", img, gray, sp.box, mask)
-            elif sp.mask is None and len(pos) and search:
+            elif len(pos) and search:
                 self._tracks[oid].check = _MotionCheck("click", img, gray, (0.0, 0.0, 0.0, 0.0), mask)
             if sp.mask is None and sp.box is None and len(pos):
                 self._tracks[oid].grow_until = frame.index + self.params.grow_frames
