@@ -40,6 +40,8 @@ MAX_SEARCHED_CLICKS = 16
 #: (>= CARRIED) on the tracked object
 SAME_MASK = 0.9
 CARRIED = 0.7
+#: a click whose region the motion does not grow is checked like a box prompt, in its mask's box padded by this
+CLICK_FALLBACK_PAD = 0.1
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,15 @@ class _MotionCheck:
     mask: np.ndarray  # the prompt's mask
     seen: int = 0  # frames processed since the prompt
     first: np.ndarray | None = None  # clicks: the first of the two estimates that must agree
+    fallback: np.ndarray | None = None  # clicks: the box check of the click's own mask
+
+
+def _padded_box(mask: np.ndarray, pad: float) -> tuple[float, float, float, float]:
+    """The bounding box of ``mask`` grown by ``pad`` x its size on every side, clipped to the frame."""
+    h, w = mask.shape
+    x0, y0, x1, y1 = _bbox(mask) or (0, 0, w, h)
+    px, py = pad * (x1 - x0), pad * (y1 - y0)
+    return max(0.0, x0 - px), max(0.0, y0 - py), min(float(w), x1 + px), min(float(h), y1 + py)
 
 
 def _signed_distance(mask: np.ndarray) -> np.ndarray:
@@ -610,25 +621,28 @@ class ClassicSession(TrackerSession):
         else:
             ref = refine_click_by_motion(mc.img, mc.mask, fwd)
             if mc.seen < last:
+                # no region to grow to: check the click's own mask as a box prompt's would be (what in its box
+                # moves like the background leaves it), now or, if the later estimate finds none, then
+                mc.fallback = refine_box_by_motion(
+                    mc.img, _padded_box(mc.mask, CLICK_FALLBACK_PAD), mc.mask, fwd
+                )
                 if ref is None:
                     tr.check = None
-                mc.first = ref
-                return
-            if (
-                ref is None
-                or mc.first is None
-                or (ref & mc.first).sum() < CLICK_AGREE * (ref | mc.first).sum()
-            ):
+                    ref = mc.fallback
+                else:
+                    mc.first = ref
+                    return
+            elif ref is None:
+                ref = mc.fallback
+            elif mc.first is None or (ref & mc.first).sum() < CLICK_AGREE * (ref | mc.first).sum():
                 logger.debug(
-                    "object %d: the click's motion estimates disagree (%s vs %s px, IoU %.2f); mask kept",
+                    "object %d: the click's motion estimates disagree (%s vs %d px, IoU %.2f); box check instead",
                     tr.obj_id,
                     None if mc.first is None else int(mc.first.sum()),
-                    None if ref is None else int(ref.sum()),
-                    0.0
-                    if ref is None or mc.first is None
-                    else (ref & mc.first).sum() / (ref | mc.first).sum(),
+                    int(ref.sum()),
+                    0.0 if mc.first is None else (ref & mc.first).sum() / (ref | mc.first).sum(),
                 )
-                return
+                ref = mc.fallback
         if ref is None or (ref & mc.mask).sum() >= SAME_MASK * (ref | mc.mask).sum():
             logger.debug("object %d: %s check by motion kept the mask", tr.obj_id, mc.kind)
             return
@@ -641,9 +655,9 @@ class ClassicSession(TrackerSession):
             ref.astype(np.uint8), gx + bwd[..., 0], gy + bwd[..., 1], cv2.INTER_NEAREST, borderValue=0
         ).astype(bool)
         cur = logits[tr.obj_id] > 0
-        # the corrected mask, carried over several frames, must sit on the tracked object: inside it (box: the
-        # check removes background) or around it (clicks: the check grows the part to the object)
-        inner, outer = (moved, cur) if mc.kind == "box" else (cur, moved)
+        # the corrected mask, carried over several frames, must sit on the tracked object: inside it (a box check
+        # removes background) or around it (a click check grows the part to the object)
+        inner, outer = (moved, cur) if mc.kind == "box" or ref is mc.fallback else (cur, moved)
         near = cv2.dilate(outer.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=3).astype(bool)
         if not moved.any() or (inner & near).sum() < CARRIED * inner.sum():
             logger.debug("object %d: the mask from the check by motion could not be carried", tr.obj_id)
