@@ -269,3 +269,21 @@ def test_checks_by_motion_with_skipped_frames_a_size_change_and_two_objects(two_
         res = session.step(fr)
         assert res.logits is not None and res.logits.shape[1:] == fr.tensor.shape[:2]
     assert session._tracks[1].check is None
+
+
+def test_a_click_whose_region_motion_cannot_grow_is_checked_like_a_box(two_part, monkeypatch) -> None:
+    """When the click's check finds no region to grow to (here forced: ``refine_click_by_motion`` returns None, as
+    it does when the moving region runs into the frame's border or covers too much of it), the click's own mask is
+    checked as a box prompt's would be: the static disc that the click's segmentation took leaves the mask."""
+    import vostream.stages.trackers.classic.session as session_mod
+    from vostream.stages.trackers.classic import ClassicParams
+
+    imgs, masks, part, disc = two_part
+    ys, xs = np.nonzero(part)
+    click = Prompt(1, 0, points=np.array([[xs.mean(), ys.mean()]], np.float32), labels=np.array([1]))
+    off, _ = track(ClassicTracker(params=ClassicParams(check_by_motion=False)), imgs, masks, click)
+    assert off[0] < 0.85 and float(np.mean(off[3:6])) < 0.86, np.round(off, 2)  # the click took the disc too
+    monkeypatch.setattr(session_mod, "refine_click_by_motion", lambda *a: None)
+    ious, present = track(ClassicTracker(), imgs, masks, click)
+    assert all(present)
+    assert float(np.mean(ious[3:6])) >= 0.88, np.round(ious, 2)
