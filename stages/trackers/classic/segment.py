@@ -3,8 +3,10 @@
 Clicks: a colour model seeded at the positive clicks is grown into a rough region (likelihood ratio against the
 surroundings, connected component holding the click, two re-estimation rounds), then refined by ``cv2.grabCut``
 on a local region of interest; then ``cv2.grabCut`` in boxes of several sizes around the click may find more of the
-object (``_scale_search``; the rule is above it).  Box: ``cv2.grabCut`` in rectangle mode.  Pure functions,
-thread-safe.
+object (``_scale_search``; the rule is above it).  Box: ``cv2.grabCut`` in rectangle mode.  Checks by motion,
+run by the session a few frames after a prompt with the flow since its frame: ``refine_box_by_motion`` (what in
+the box moves like the background leaves the mask) and ``refine_click_by_motion`` (a click's part grows to what
+moves with it).  Pure functions, thread-safe.
 """
 
 from __future__ import annotations

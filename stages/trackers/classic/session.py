@@ -36,8 +36,8 @@ _OUTSIDE = -10.0  # logit of pixels far from every object
 #: of CPU per click; hundreds of objects prompted at once, e.g. from a file, would otherwise take minutes)
 MAX_SEARCHED_CLICKS = 16
 #: a check by motion (``segment.refine_box_by_motion``, ``refine_click_by_motion``) replaces the mask only when it
-#: changes it (IoU with the prompt's mask under SAME_MASK) and when the corrected mask, carried to the current frame by the flow, lies mostly
-#: (>= CARRIED) on the tracked object
+#: changes it (IoU with the prompt's mask under SAME_MASK) and when the corrected mask, carried to the current
+#: frame by the flow, lies mostly (>= CARRIED) on the tracked object
 SAME_MASK = 0.9
 CARRIED = 0.7
 #: a click whose region the motion does not grow is checked like a box prompt, in its mask's box padded by this
@@ -599,7 +599,8 @@ class ClassicSession(TrackerSession):
     ) -> None:
         """A few frames after a box or click prompt: re-segment the prompt frame with the motion since then
         (``refine_box_by_motion`` ``BOX_CHECK_FRAMES`` frames after a box; ``refine_click_by_motion`` at both
-        ``CLICK_CHECK_FRAMES`` after clicks, the two estimates must agree) and, when that changes the mask, carry
+        ``CLICK_CHECK_FRAMES`` after clicks, the two estimates must agree, else - or when motion finds no region
+        to grow to - the click's own mask is checked as a box's would be) and, when that changes the mask, carry
         it to this frame through the backward flow and restart the object's models from it.  Once per prompt;
         dropped while the object is absent or when the frame size changes."""
         mc = tr.check
