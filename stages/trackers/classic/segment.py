@@ -312,7 +312,8 @@ MIN_SIDE = 40  # boxes narrower than this (working pixels: ~3 DIS patches) are n
 TEXTURE = 100.0  # structure-tensor eigenvalue over which a pixel is textured (flow is trustworthy there)
 
 
-def _box_of(mask: np.ndarray, pad: float) -> tuple[float, float, float, float]:
+def padded_box(mask: np.ndarray, pad: float) -> tuple[float, float, float, float]:
+    """The bounding box of ``mask`` (non-empty) grown by ``pad`` x its size on every side, clipped to the frame."""
     h, w = mask.shape
     x0, y0, x1, y1 = _roi(mask, 0.0, 0)
     px, py = pad * (x1 - x0), pad * (y1 - y0)
@@ -433,7 +434,7 @@ def refine_click_by_motion(img: np.ndarray, mask: np.ndarray, flow: np.ndarray) 
     h, w = mask.shape
     if not mask.any():
         return None
-    moving = _moving(flow, _inside((h, w), _box_of(mask, 0.3)))
+    moving = _moving(flow, _inside((h, w), padded_box(mask, 0.3)))
     if moving is None:
         return None
     moving = cv2.morphologyEx(moving.astype(np.uint8), cv2.MORPH_OPEN, np.ones((5, 5), np.uint8)).astype(bool)
@@ -442,7 +443,7 @@ def refine_click_by_motion(img: np.ndarray, mask: np.ndarray, flow: np.ndarray) 
     region = _component_at(moving | mask, np.argwhere(mask)[:1, ::-1].astype(np.float32))
     if region.sum() > CLICK_MAX_AREA * h * w:
         return None
-    out = refine_box_by_motion(img, _box_of(region, 0.1), mask, flow)
+    out = refine_box_by_motion(img, padded_box(region, 0.1), mask, flow)
     if out is None or (_touches_border(out) and not _touches_border(mask)):
         return None
     return out

@@ -25,6 +25,7 @@ from .segment import (
     _fill_holes,
     mask_from_box,
     mask_from_points,
+    padded_box,
     refine_box_by_motion,
     refine_click_by_motion,
 )
@@ -125,14 +126,6 @@ class _MotionCheck:
     seen: int = 0  # frames processed since the prompt
     first: np.ndarray | None = None  # clicks: the first of the two estimates that must agree
     fallback: np.ndarray | None = None  # clicks: the box check of the click's own mask
-
-
-def _padded_box(mask: np.ndarray, pad: float) -> tuple[float, float, float, float]:
-    """The bounding box of ``mask`` grown by ``pad`` x its size on every side, clipped to the frame."""
-    h, w = mask.shape
-    x0, y0, x1, y1 = _bbox(mask) or (0, 0, w, h)
-    px, py = pad * (x1 - x0), pad * (y1 - y0)
-    return max(0.0, x0 - px), max(0.0, y0 - py), min(float(w), x1 + px), min(float(h), y1 + py)
 
 
 def _signed_distance(mask: np.ndarray) -> np.ndarray:
@@ -317,7 +310,7 @@ class ClassicSession(TrackerSession):
                 pass
             elif sp.box is not None:
                 self._tracks[oid].check = _MotionCheck("box", img, gray, sp.box, mask)
-            elif len(pos) and search:
+            elif len(pos) and search and mask.any():
                 self._tracks[oid].check = _MotionCheck("click", img, gray, (0.0, 0.0, 0.0, 0.0), mask)
             if sp.mask is None and sp.box is None and len(pos):
                 self._tracks[oid].grow_until = frame.index + self.params.grow_frames
@@ -625,7 +618,7 @@ class ClassicSession(TrackerSession):
                 # no region to grow to: check the click's own mask as a box prompt's would be (what in its box
                 # moves like the background leaves it), now or, if the later estimate finds none, then
                 mc.fallback = refine_box_by_motion(
-                    mc.img, _padded_box(mc.mask, CLICK_FALLBACK_PAD), mc.mask, fwd
+                    mc.img, padded_box(mc.mask, CLICK_FALLBACK_PAD), mc.mask, fwd
                 )
                 if ref is None:
                     tr.check = None
