@@ -126,6 +126,10 @@ class _MotionCheck:
     seen: int = 0  # frames processed since the prompt
     first: np.ndarray | None = None  # clicks: the first of the two estimates that must agree
     fallback: np.ndarray | None = None  # clicks: the box check of the click's own mask
+    # clicks: the mask may grow to what moves with it.  Not on a source smaller than the working size (enlarged
+    # for tracking): its flow has no more detail than the source, and growth there dragged background along (a
+    # 256x144 synthetic pan: IoU 0.90 -> 0.82); such a click only gets the box check of its own mask
+    grow: bool = True
 
 
 def _signed_distance(mask: np.ndarray) -> np.ndarray:
@@ -311,7 +315,9 @@ class ClassicSession(TrackerSession):
             elif sp.box is not None:
                 self._tracks[oid].check = _MotionCheck("box", img, gray, sp.box, mask)
             elif len(pos) and search and mask.any():
-                self._tracks[oid].check = _MotionCheck("click", img, gray, (0.0, 0.0, 0.0, 0.0), mask)
+                self._tracks[oid].check = _MotionCheck(
+                    "click", img, gray, (0.0, 0.0, 0.0, 0.0), mask, grow=w * h <= src[0] * src[1]
+                )
             if sp.mask is None and sp.box is None and len(pos):
                 self._tracks[oid].grow_until = frame.index + self.params.grow_frames
                 self._tracks[oid].grow_base = float(mask.sum())
@@ -613,7 +619,7 @@ class ClassicSession(TrackerSession):
         if mc.kind == "box":
             ref = refine_box_by_motion(mc.img, mc.box, mc.mask, fwd)
         else:
-            ref = refine_click_by_motion(mc.img, mc.mask, fwd)
+            ref = refine_click_by_motion(mc.img, mc.mask, fwd) if mc.grow else None
             if mc.seen < last:
                 # no region to grow to: check the click's own mask as a box prompt's would be (what in its box
                 # moves like the background leaves it), now or, if the later estimate finds none, then
@@ -623,6 +629,9 @@ class ClassicSession(TrackerSession):
                 if ref is None:
                     tr.check = None
                     ref = mc.fallback
+                elif (ref & mc.mask).sum() >= SAME_MASK * (ref | mc.mask).sum():
+                    tr.check = None  # the region moving with the click is its mask: nothing to confirm later
+                    return
                 else:
                     mc.first = ref
                     return
