@@ -287,3 +287,45 @@ def test_a_click_whose_region_motion_cannot_grow_is_checked_like_a_box(two_part,
     ious, present = track(ClassicTracker(), imgs, masks, click)
     assert all(present)
     assert float(np.mean(ious[3:6])) >= 0.88, np.round(ious, 2)
+
+
+def test_the_checks_use_the_prompt_frame_and_keep_its_clicks(two_part, monkeypatch) -> None:
+    """Review findings: (1) the preprocess stage reuses its output buffers, so a check 6 frames on must not read the
+    prompt frame from a tensor that now holds a later frame; (2) the prompt's clicks stay hard constraints in the
+    check: a negative click stays out of the checked mask, a positive one in it."""
+    import vostream.stages.trackers.classic.session as session_mod
+    from vostream.stages.trackers.classic.segment import refine_click_by_motion
+
+    imgs, masks, part, _ = two_part
+    seen: list[np.ndarray] = []
+    real = session_mod.refine_click_by_motion
+
+    def spy(img, *args):
+        seen.append(img.copy())
+        return real(img, *args)
+
+    monkeypatch.setattr(session_mod, "refine_click_by_motion", spy)
+    tracker = ClassicTracker()
+    pre = Preprocessor(tracker.input_spec(W, H))
+    session = tracker.new_session()
+    ys, xs = np.nonzero(part)
+    session.add_prompt(Prompt(1, 0, points=np.array([[xs.mean(), ys.mean()]], np.float32), labels=np.array([1])))
+    first = None
+    for t in range(8):
+        fr = Frame(t, imgs[t])
+        fr.tensor = pre(imgs[t])
+        if t == 0:
+            first = fr.tensor.copy()
+        session.step(fr)
+    assert len(seen) == 2 and all(np.array_equal(s, first) for s in seen)
+
+    by, bx = np.nonzero(masks[0] & ~part)
+    pos = np.array([[xs.mean(), ys.mean()]], np.float32)
+    neg = np.array([[bx.mean(), by.mean()]], np.float32)  # on the blue part, which moves with the red one
+    flow = _flow(imgs[0], imgs[6])
+    cv2.setRNGSeed(3)
+    assert refine_click_by_motion(imgs[0], part, flow)[int(neg[0, 1]), int(neg[0, 0])]  # grows over it unasked
+    cv2.setRNGSeed(3)
+    checked = refine_click_by_motion(imgs[0], part, flow, pos, neg)
+    assert checked is not None
+    assert not checked[int(neg[0, 1]), int(neg[0, 0])] and checked[int(pos[0, 1]), int(pos[0, 0])]

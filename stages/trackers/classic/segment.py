@@ -369,15 +369,21 @@ def _textured(img: np.ndarray) -> np.ndarray:
 
 
 def refine_box_by_motion(
-    img: np.ndarray, box: tuple[float, float, float, float], mask: np.ndarray, flow: np.ndarray
+    img: np.ndarray,
+    box: tuple[float, float, float, float],
+    mask: np.ndarray,
+    flow: np.ndarray,
+    pos: np.ndarray | None = None,
+    neg: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """The box prompt's mask on its frame ``img``, re-segmented with motion: ``flow`` is the dense flow from that
     frame to a later one.  Pixels in the box that move against the background (``_moving``, background fitted
     outside the box) move with the object.  grabCut in mask mode then takes moving pixels of the mask as sure
     object, other moving pixels in the box as probable object, static ones as probable background (surely
     background where textured and moving just like the background); only its components that hold sure-object
-    pixels are kept.  None when
-    the box is under ``MIN_SIDE`` across, nothing in it moves against the background, the background's motion
+    pixels are kept.  The prompt's clicks (``pos``, ``neg``: (K, 2) x, y) stay hard constraints, as in
+    ``mask_from_box``, and a component holding a positive click is kept.  None when the box is under ``MIN_SIDE``
+    across, nothing in it moves against the background, the background's motion
     cannot be fitted, or the result keeps less than ``MIN_KEEP`` of ``mask`` (textureless objects whose flow
     follows the background)."""
     h, w = mask.shape
@@ -398,15 +404,26 @@ def refine_box_by_motion(
     # textured pixels that move exactly like the background are background, whatever their colour
     init[inbox & (resid < STATIC_FACTOR * max(p90, 0.5)) & _textured(img)] = cv2.GC_BGD
     init[core] = cv2.GC_FGD
+    r0 = max(2, int(round(0.01 * min(h, w))))
+    seeds = core.copy()
+    if pos is not None and len(pos):
+        clicked = _disc((h, w), pos, r0)
+        init[clicked] = cv2.GC_FGD
+        seeds |= clicked
+    if neg is not None and len(neg):
+        init[_disc((h, w), neg, r0)] = cv2.GC_BGD
     bx0, by0, bx1, by1 = _roi(inbox, 0.5, 8)
     out = _grabcut(img, init, (bx0, by0, bx1, by1))
     n, lab = cv2.connectedComponents(out.astype(np.uint8), connectivity=8)
     if n > 1:  # a look-alike static region that does not touch the moving object is not part of it
-        ids = np.unique(lab[core & out])
+        ids = np.unique(lab[seeds & out])
         out = np.isin(lab, ids[ids > 0])
     if out.sum() < MIN_KEEP * mask.sum():
         return None
-    return _fill_holes(out)
+    out = _fill_holes(out)
+    if neg is not None and len(neg):  # filling holes must not take a negative click back in
+        out &= ~_disc((h, w), neg, r0)
+    return out
 
 
 # One click, checked by motion: the click's mask is often one part of the object (a patch of a cow, one car of a
@@ -426,11 +443,18 @@ def _touches_border(mask: np.ndarray) -> bool:
     return bool(mask[:2].any() or mask[-2:].any() or mask[:, :2].any() or mask[:, -2:].any())
 
 
-def refine_click_by_motion(img: np.ndarray, mask: np.ndarray, flow: np.ndarray) -> np.ndarray | None:
+def refine_click_by_motion(
+    img: np.ndarray,
+    mask: np.ndarray,
+    flow: np.ndarray,
+    pos: np.ndarray | None = None,
+    neg: np.ndarray | None = None,
+) -> np.ndarray | None:
     """The click's mask ``mask`` on its frame ``img``, re-segmented with the motion ``flow`` to a later frame: the
     box of the region that moves against the background (fitted outside the mask's box padded by 30 %) and is
-    connected to the mask, 10 % larger, checked by ``refine_box_by_motion``.  None when the mask does not move
-    against the background, the moving region is too large, or the result leaves the click's own frame border."""
+    connected to the mask, 10 % larger, checked by ``refine_box_by_motion`` (the clicks ``pos``/``neg`` stay hard
+    constraints).  None when the mask does not move against the background, the moving region is too large, or
+    the result leaves the click's own frame border."""
     h, w = mask.shape
     if not mask.any():
         return None
@@ -440,10 +464,13 @@ def refine_click_by_motion(img: np.ndarray, mask: np.ndarray, flow: np.ndarray) 
     moving = cv2.morphologyEx(moving.astype(np.uint8), cv2.MORPH_OPEN, np.ones((5, 5), np.uint8)).astype(bool)
     if (moving & mask).sum() < CLICK_MIN_MOVING * mask.sum():
         return None
-    region = _component_at(moving | mask, np.argwhere(mask)[:1, ::-1].astype(np.float32))
+    if neg is not None and len(neg):
+        moving &= ~_disc((h, w), neg, max(2, int(round(0.01 * min(h, w)))))
+    # the moving region connected to the mask, and every part of the mask (several clicks: several parts)
+    region = _component_at(moving | mask, np.argwhere(mask)[:1, ::-1].astype(np.float32)) | mask
     if region.sum() > CLICK_MAX_AREA * h * w:
         return None
-    out = refine_box_by_motion(img, padded_box(region, 0.1), mask, flow)
+    out = refine_box_by_motion(img, padded_box(region, 0.1), mask, flow, pos, neg)
     if out is None or (_touches_border(out) and not _touches_border(mask)):
         return None
     return out

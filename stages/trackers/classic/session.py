@@ -119,10 +119,12 @@ class _MotionCheck:
     ``segment.refine_click_by_motion`` for clicks): what the check needs from the prompt frame."""
 
     kind: str  # "box" | "click"
-    img: np.ndarray  # (h, w, 3) uint8 prompt frame at working resolution
+    img: np.ndarray  # (h, w, 3) uint8 prompt frame at working resolution (a copy: tensors are pooled buffers)
     gray: np.ndarray
     box: tuple[float, float, float, float]  # the box prompt, working resolution (unused for clicks)
     mask: np.ndarray  # the prompt's mask
+    pos: np.ndarray  # (K, 2) the prompt's positive clicks (x, y, working resolution): hard constraints
+    neg: np.ndarray  # ... and negative ones
     seen: int = 0  # frames processed since the prompt
     first: np.ndarray | None = None  # clicks: the first of the two estimates that must agree
     fallback: np.ndarray | None = None  # clicks: the box check of the click's own mask
@@ -313,10 +315,17 @@ class ClassicSession(TrackerSession):
             if not self.params.check_by_motion or sp.mask is not None:
                 pass
             elif sp.box is not None:
-                self._tracks[oid].check = _MotionCheck("box", img, gray, sp.box, mask)
+                self._tracks[oid].check = _MotionCheck("box", img.copy(), gray, sp.box, mask, pos, neg)
             elif len(pos) and search and mask.any():
                 self._tracks[oid].check = _MotionCheck(
-                    "click", img, gray, (0.0, 0.0, 0.0, 0.0), mask, grow=w * h <= src[0] * src[1]
+                    "click",
+                    img.copy(),
+                    gray,
+                    (0.0, 0.0, 0.0, 0.0),
+                    mask,
+                    pos,
+                    neg,
+                    grow=w * h <= src[0] * src[1],
                 )
             if sp.mask is None and sp.box is None and len(pos):
                 self._tracks[oid].grow_until = frame.index + self.params.grow_frames
@@ -586,6 +595,7 @@ class ClassicSession(TrackerSession):
         nt.velocity, nt.grow_until, nt.prompted_at, nt.motion = velocity, grow_until, prompted_at, m
         nt.grow_base = grow_base
         nt.grow = grow
+        nt.check = tr.check  # a pending check by motion still runs
         return np.clip(_signed_distance(full) * 1.5, -6, 6).astype(np.float32)
 
     def _check_by_motion(
@@ -617,14 +627,14 @@ class ClassicSession(TrackerSession):
             flows[id(mc.gray), True] = self._flow(mc.gray, gray)
         fwd = flows[id(mc.gray), True]
         if mc.kind == "box":
-            ref = refine_box_by_motion(mc.img, mc.box, mc.mask, fwd)
+            ref = refine_box_by_motion(mc.img, mc.box, mc.mask, fwd, mc.pos, mc.neg)
         else:
-            ref = refine_click_by_motion(mc.img, mc.mask, fwd) if mc.grow else None
+            ref = refine_click_by_motion(mc.img, mc.mask, fwd, mc.pos, mc.neg) if mc.grow else None
             if mc.seen < last:
                 # no region to grow to: check the click's own mask as a box prompt's would be (what in its box
                 # moves like the background leaves it), now or, if the later estimate finds none, then
                 mc.fallback = refine_box_by_motion(
-                    mc.img, padded_box(mc.mask, CLICK_FALLBACK_PAD), mc.mask, fwd
+                    mc.img, padded_box(mc.mask, CLICK_FALLBACK_PAD), mc.mask, fwd, mc.pos, mc.neg
                 )
                 if ref is None:
                     tr.check = None
