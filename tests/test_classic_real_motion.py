@@ -309,7 +309,9 @@ def test_the_checks_use_the_prompt_frame_and_keep_its_clicks(two_part, monkeypat
     pre = Preprocessor(tracker.input_spec(W, H))
     session = tracker.new_session()
     ys, xs = np.nonzero(part)
-    session.add_prompt(Prompt(1, 0, points=np.array([[xs.mean(), ys.mean()]], np.float32), labels=np.array([1])))
+    session.add_prompt(
+        Prompt(1, 0, points=np.array([[xs.mean(), ys.mean()]], np.float32), labels=np.array([1]))
+    )
     first = None
     for t in range(8):
         fr = Frame(t, imgs[t])
@@ -324,7 +326,9 @@ def test_the_checks_use_the_prompt_frame_and_keep_its_clicks(two_part, monkeypat
     neg = np.array([[bx.mean(), by.mean()]], np.float32)  # on the blue part, which moves with the red one
     flow = _flow(imgs[0], imgs[6])
     cv2.setRNGSeed(3)
-    assert refine_click_by_motion(imgs[0], part, flow)[int(neg[0, 1]), int(neg[0, 0])]  # grows over it unasked
+    assert refine_click_by_motion(imgs[0], part, flow)[
+        int(neg[0, 1]), int(neg[0, 0])
+    ]  # grows over it unasked
     cv2.setRNGSeed(3)
     checked = refine_click_by_motion(imgs[0], part, flow, pos, neg)
     assert checked is not None
