@@ -134,6 +134,11 @@ class _MotionCheck:
     grow: bool = True
 
 
+def _mask_logits(mask: np.ndarray) -> np.ndarray:
+    """Logits for a freshly segmented mask: its signed distance, scaled and clipped."""
+    return np.clip(_signed_distance(mask) * 1.5, -6, 6).astype(np.float32)
+
+
 def _signed_distance(mask: np.ndarray) -> np.ndarray:
     m = mask.astype(np.uint8)
     inside = cv2.distanceTransform(m, cv2.DIST_L2, 3)
@@ -308,7 +313,7 @@ class ClassicSession(TrackerSession):
             else:  # negative-only correction of a known object: refine its current estimate
                 cur = logits[oid] > 0 if oid in logits else self._tracks[oid].mask
                 mask = mask_from_points(img, qidx, pos, neg, prior=cur)
-            logits[oid] = np.clip(_signed_distance(mask) * 1.5, -6, 6).astype(np.float32)
+            logits[oid] = _mask_logits(mask)
             self._init_track(
                 oid, mask, qidx, frame.index, keep_area=oid in self._tracks and oid not in refresh
             )
@@ -584,19 +589,8 @@ class ClassicSession(TrackerSession):
         full = np.zeros((h, w), bool)
         full[y0:y1, x0:x1] = new
         logger.debug("object %d grown by motion from %d to %d px", tr.obj_id, int(area), int(full.sum()))
-        velocity, grow_until, prompted_at, grow_base = (
-            tr.velocity,
-            tr.grow_until,
-            tr.prompted_at,
-            tr.grow_base,
-        )
-        self._init_track(tr.obj_id, full, qidx, tr.last_seen, keep_area=False)
-        nt = self._tracks[tr.obj_id]
-        nt.velocity, nt.grow_until, nt.prompted_at, nt.motion = velocity, grow_until, prompted_at, m
-        nt.grow_base = grow_base
-        nt.grow = grow
-        nt.check = tr.check  # a pending check by motion still runs
-        return np.clip(_signed_distance(full) * 1.5, -6, 6).astype(np.float32)
+        self._restart(tr, full, qidx)
+        return _mask_logits(full)
 
     def _check_by_motion(
         self,
@@ -682,17 +676,18 @@ class ClassicSession(TrackerSession):
             int(mc.mask.sum()),
             int(ref.sum()),
         )
-        old = tr
-        self._init_track(tr.obj_id, moved, qidx, tr.last_seen, keep_area=False)
+        nt = self._restart(tr, moved, qidx)
+        nt.centroid, nt.grow_base = tr.centroid, float(moved.sum())
+        logits[tr.obj_id] = _mask_logits(moved)
+
+    def _restart(self, tr: _Track, mask: np.ndarray, qidx: np.ndarray) -> _Track:
+        """Replace ``tr`` by a track whose models start from ``mask`` (this frame), keeping what the new mask does
+        not change: motion, velocity, prompt frame, growth-by-motion state and a pending check by motion."""
+        self._init_track(tr.obj_id, mask, qidx, tr.last_seen, keep_area=False)
         nt = self._tracks[tr.obj_id]
-        nt.velocity, nt.prompted_at, nt.motion, nt.centroid = (
-            old.velocity,
-            old.prompted_at,
-            old.motion,
-            old.centroid,
-        )
-        nt.grow_until, nt.grow_base = old.grow_until, float(moved.sum())
-        logits[tr.obj_id] = np.clip(_signed_distance(moved) * 1.5, -6, 6).astype(np.float32)
+        nt.velocity, nt.prompted_at, nt.motion = tr.velocity, tr.prompted_at, tr.motion
+        nt.grow_until, nt.grow_base, nt.grow, nt.check = tr.grow_until, tr.grow_base, tr.grow, tr.check
+        return nt
 
     def _prior(self, sd: np.ndarray) -> np.ndarray:
         """Shape prior in log-odds from a signed distance map (positive inside)."""
