@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from media import make_video, square_frames, square_mask
 from rtsp_server import RtspServer, server_available
+from waiting import wait_until
 
 from vostream.pipeline.apps import deploy
 from vostream.pipeline.apps.cli import main
@@ -55,15 +56,6 @@ def test_streams_take_turns_and_results_reach_their_caller():
     assert order == ["a", "b", "c", "a", "b", "a", "b", "a", "a", "a"]
     assert {k: sorted(v) for k, v in results.items()} == {"a": list(range(6)), "b": list(range(3)), "c": [0]}
     assert sched.stats()["a"]["runs"] == 6
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_a_stalled_stream_costs_the_others_nothing_and_errors_stay_in_their_stream():

@@ -25,6 +25,7 @@ import pytest
 from media import make_video, square_box, square_frames, square_mask
 from PIL import Image
 from rtsp_server import RtspServer, server_available
+from waiting import wait_until
 
 from vostream.pipeline.apps import deploy
 from vostream.pipeline.apps.model_watch import ModelWatcher, directory_signature
@@ -80,15 +81,6 @@ def frames_of(dep: deploy.Deployment, name: str) -> int:
     """Frames the stream has tracked so far (0 until its pipeline is built)."""
     pipe = dep.streams[name].pipeline
     return pipe.metrics().frames if pipe is not None else 0
-
-
-def wait_until(predicate: Any, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 @contextlib.contextmanager
