@@ -223,7 +223,9 @@ def test_second_sigterm_to_annotate_leaves_no_tmp(tmp_path):
     ``mot.txt.*.tmp``/``overlay.mp4.*.tmp`` used to stay behind.  Now they are removed; exit 130."""
     import signal
 
-    video = media.copy_to(media.moving_square_clip(".mp4", "libx264", 300, W, H), tmp_path)
+    # long enough that the video is still running 0.3 s after the first signal on a fast, idle machine (300 frames
+    # were done before the second signal there: the test saw "done" instead of "pending")
+    video = media.copy_to(media.moving_square_clip(".mp4", "libx264", 3000, W, H), tmp_path)
     prompts = batch_prompts(tmp_path, video)
     out = tmp_path / "ann"
     proc = harness.start_cli(
