@@ -188,7 +188,7 @@ def test_box_check_by_motion_drops_a_static_look_alike_region(two_part) -> None:
 
 
 def test_box_prompt_is_corrected_by_motion_while_tracking(two_part) -> None:
-    """The check runs inside the session three frames after the box prompt and the corrected mask is carried to
+    """The check runs inside the session a few frames after the box prompt and the corrected mask is carried to
     that frame: from then on the disc is off the mask."""
     from vostream.stages.trackers.classic import ClassicParams
 
@@ -201,6 +201,48 @@ def test_box_prompt_is_corrected_by_motion_while_tracking(two_part) -> None:
     off = ClassicTracker(params=ClassicParams(check_by_motion=False))
     ious_off, _ = track(off, imgs, masks, Prompt(1, 0, box=_box(masks[0])))
     assert float(np.mean(ious_off[3:6])) < 0.87, np.round(ious_off, 2)
+
+
+def test_the_box_check_runs_as_soon_as_the_object_has_moved_enough() -> None:
+    """The box check runs at the first frame after the prompt at which the box's mask has moved
+    ``BOX_CHECK_MOTION`` against the background (a fast object: the next frame, before the flow over a growing
+    displacement breaks down, as on a spinning dancer) and waits, up to ``BOX_CHECK_FRAMES``, for a slow one."""
+    from vostream.stages.trackers.classic.segment import BOX_CHECK_FRAMES
+
+    for speed, runs_at in ((6.0, 1), (0.5, BOX_CHECK_FRAMES)):
+        imgs, masks, _, disc = two_part_scene(frames=BOX_CHECK_FRAMES + 2, speed=speed)
+        tracker = ClassicTracker()
+        pre = Preprocessor(tracker.input_spec(W, H))
+        session = tracker.new_session()
+        session.add_prompt(Prompt(1, 0, box=_box(masks[0])))
+        pending, ious = [], []
+        for t, img in enumerate(imgs):
+            fr = Frame(t, img)
+            fr.tensor = pre(img)
+            res = session.step(fr)
+            assert res.logits is not None
+            pending.append(session._tracks[1].check is not None)
+            ious.append(_iou(cv2.resize(res.logits[0], (W, H)) > 0, masks[t]))
+        assert pending == [t < runs_at for t in range(len(imgs))], (speed, pending)
+        if speed > 1:  # corrected on the frame after the prompt: the disc is off the mask from then on
+            assert ious[0] < 0.85 and ious[1] >= 0.88, np.round(ious, 2)
+
+
+def test_a_box_check_that_changes_nothing_runs_again_on_the_next_frame(two_part, monkeypatch) -> None:
+    import vostream.stages.trackers.classic.session as session_mod
+
+    imgs, masks, _, _ = two_part
+    calls: list[int] = []
+    real = session_mod.refine_box_by_motion
+
+    def first_finds_nothing(*args):
+        calls.append(len(calls))
+        return None if len(calls) == 1 else real(*args)
+
+    monkeypatch.setattr(session_mod, "refine_box_by_motion", first_finds_nothing)
+    ious, _ = track(ClassicTracker(), imgs, masks, Prompt(1, 0, box=_box(masks[0])))
+    assert len(calls) == 2, calls  # ran again once, then done
+    assert ious[0] < 0.85 and float(np.mean(ious[3:6])) >= 0.9, np.round(ious, 2)
 
 
 def test_click_check_by_motion_grows_a_part_to_the_moving_object(two_part) -> None:
@@ -248,7 +290,15 @@ def test_checks_by_motion_with_skipped_frames_a_size_change_and_two_objects(two_
     session.add_prompt(Prompt(1, 0, box=_box(masks[0])))
     session.add_prompt(Prompt(2, 0, points=np.array([[270.0, 150.0]], np.float32), labels=np.array([1])))
     ious = []
-    for t in (0, 2, 3, 4, 5, 6, 7):  # frame 1 skipped: the box check runs at frame 4, the click's at 5 and 7
+    for t in (
+        0,
+        2,
+        3,
+        4,
+        5,
+        6,
+        7,
+    ):  # frame 1 skipped: the box check runs from frame 2 on, the click's at 5 and 7
         fr = Frame(t, imgs[t])
         fr.tensor = pre(imgs[t])
         res = session.step(fr)

@@ -20,9 +20,11 @@ from .appearance import ColourModel, bhattacharyya, histogram, quantise
 from .motion import FlowEstimator, similarity_from_flow
 from .segment import (
     BOX_CHECK_FRAMES,
+    BOX_CHECK_MOTION,
     CLICK_AGREE,
     CLICK_CHECK_FRAMES,
     _fill_holes,
+    box_motion,
     mask_from_box,
     mask_from_points,
     padded_box,
@@ -601,7 +603,8 @@ class ClassicSession(TrackerSession):
         flows: dict[tuple[int, bool], np.ndarray],
     ) -> None:
         """A few frames after a box or click prompt: re-segment the prompt frame with the motion since then
-        (``refine_box_by_motion`` ``BOX_CHECK_FRAMES`` frames after a box; ``refine_click_by_motion`` at both
+        (``refine_box_by_motion`` at the first frame after a box at which the box's mask has moved
+        ``BOX_CHECK_MOTION`` against the background, by ``BOX_CHECK_FRAMES``; ``refine_click_by_motion`` at both
         ``CLICK_CHECK_FRAMES`` after clicks, the two estimates must agree, else - or when motion finds no region
         to grow to - the click's own mask is checked as a box's would be) and, when that changes the mask, carry
         it to this frame through the backward flow and restart the object's models from it.  Once per prompt;
@@ -610,7 +613,7 @@ class ClassicSession(TrackerSession):
         assert mc is not None
         mc.seen += 1
         last = BOX_CHECK_FRAMES if mc.kind == "box" else CLICK_CHECK_FRAMES[-1]
-        if mc.seen not in ((BOX_CHECK_FRAMES,) if mc.kind == "box" else CLICK_CHECK_FRAMES):
+        if mc.seen not in (range(1, BOX_CHECK_FRAMES + 1) if mc.kind == "box" else CLICK_CHECK_FRAMES):
             return
         if mc.seen >= last:
             tr.check = None
@@ -621,7 +624,12 @@ class ClassicSession(TrackerSession):
             flows[id(mc.gray), True] = self._flow(mc.gray, gray)
         fwd = flows[id(mc.gray), True]
         if mc.kind == "box":
+            if mc.seen < last and box_motion(mc.box, mc.mask, fwd) < BOX_CHECK_MOTION:
+                return  # too little motion yet to tell the object from the background: a later frame
             ref = refine_box_by_motion(mc.img, mc.box, mc.mask, fwd, mc.pos, mc.neg)
+            if mc.seen < last and (ref is None or (ref & mc.mask).sum() >= SAME_MASK * (ref | mc.mask).sum()):
+                return  # nothing to change yet: the flow to a later frame may tell more
+            tr.check = None
         else:
             ref = refine_click_by_motion(mc.img, mc.mask, fwd, mc.pos, mc.neg) if mc.grow else None
             if mc.seen < last:
