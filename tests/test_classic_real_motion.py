@@ -383,3 +383,100 @@ def test_the_checks_use_the_prompt_frame_and_keep_its_clicks(two_part, monkeypat
     checked = refine_click_by_motion(imgs[0], part, flow, pos, neg)
     assert checked is not None
     assert not checked[int(neg[0, 1]), int(neg[0, 0])] and checked[int(pos[0, 1]), int(pos[0, 0])]
+
+
+def test_a_large_hole_stays_open_while_small_ones_are_filled() -> None:
+    """A wheel: the background seen through an object is not the object.  The tracked mask used to have every hole
+    filled (DAVIS bmx-bumps from its ground-truth mask: IoU 0.87 on the prompt frame, 0.60 one frame later, with
+    both wheels filled in); now only holes up to ``MAX_HOLE`` of the mask's area are (noise)."""
+    from vostream.stages.trackers.classic.session import MAX_HOLE, ClassicSession
+
+    rng = np.random.default_rng(4)
+    bg = _texture(rng, H, W + 40, 14)
+    ring = _texture(rng, H, W, 7, RED)
+    imgs, masks = [], []
+    for t in range(10):
+        img = np.ascontiguousarray(bg[:, t : t + W])  # the background pans by 1 px/frame
+        m = np.zeros((H, W), np.uint8)
+        cx = 120 + 3 * t
+        cv2.circle(m, (cx, 90), 45, 1, -1)
+        cv2.circle(m, (cx, 90), 24, 0, -1)  # the hole: 28 % of the disc
+        obj = m.astype(bool)
+        img[obj] = np.roll(ring, 3 * t, axis=1)[obj]
+        imgs.append(img)
+        masks.append(obj)
+    ious, present = track(ClassicTracker(), imgs, masks, Prompt(1, 0, mask=masks[0]))
+    assert all(present)
+    assert min(ious[1:]) >= 0.9, np.round(ious, 2)  # 0.97-0.98; with the hole filled: 0.63-0.71
+
+    disc = np.zeros((100, 100), np.uint8)
+    cv2.circle(disc, (50, 50), 40, 1, -1)
+    small, large = disc.copy(), disc.copy()
+    small[48:52, 48:52] = 0  # 16 px of 5,000
+    large[30:70, 30:70] = 0  # 1,600 px
+    assert 16 <= MAX_HOLE * disc.sum() < 1600
+    for m, expected in ((small, disc), (large, large)):
+        out = ClassicSession._components(m.astype(bool), m.astype(bool))
+        assert np.array_equal(out, expected.astype(bool))
+
+
+def _behind_a_look_alike_post(frames: int = 30) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """A red textured disc moving right at 5 px/frame over a textured background, passing behind a static post of
+    the same red texture (in front of it).  Returns frames, the disc's visible masks and the post."""
+    rng = np.random.default_rng(7)
+    bg = _texture(rng, H, W, 14)
+    red = _texture(rng, H, W, 7, RED)
+    post = np.zeros((H, W), bool)
+    post[20:170, 150:172] = True
+    imgs, masks = [], []
+    for t in range(frames):
+        img = bg.copy()
+        disc = np.zeros((H, W), np.uint8)
+        cv2.circle(disc, (60 + 5 * t, 95), 24, 1, -1)
+        d = disc.astype(bool)
+        img[d] = np.roll(red, 5 * t, axis=1)[d]
+        img[post] = red[post]
+        imgs.append(img)
+        masks.append(d & ~post)
+    return imgs, masks, post
+
+
+def test_a_mask_that_stops_moving_against_the_background_is_lost_not_moved_onto_a_look_alike() -> None:
+    """DAVIS scooter-gray: a click on the rider's orange trousers; an orange bollard passes in front and the mask
+    stayed on the bollard (static against the background) for 10 frames while reporting the rider present.  An
+    object that has been moving against the background and whose mask suddenly moves with it is reported absent
+    and searched for again."""
+    import vostream.stages.trackers.classic.session as session_mod
+
+    imgs, masks, post = _behind_a_look_alike_post()
+    prompt = Prompt(1, 0, mask=masks[0])
+
+    tracker = ClassicTracker()
+    pre = Preprocessor(tracker.input_spec(W, H))
+
+    def run() -> tuple[list[bool], list[bool]]:
+        session = tracker.new_session()
+        session.add_prompt(prompt)
+        stuck, present = [], []
+        for t, img in enumerate(imgs):
+            fr = Frame(t, img)
+            fr.tensor = pre(img)
+            res = session.step(fr)
+            assert res.logits is not None
+            m = cv2.resize(res.logits[0], (W, H)) > 0
+            stuck.append(
+                bool(res.present[0]) and np.count_nonzero(m & post) > 0.5 * max(1, np.count_nonzero(m))
+            )
+            present.append(bool(res.present[0]))
+        return stuck, present
+
+    stuck, present = run()
+    # an object lost by its area (hidden) may be re-acquired on the post, and is dropped from it once its mask has
+    # moved with the background for STOP_FRAMES frames (one frame alone may be flow noise on a flat object)
+    assert sum(stuck) <= session_mod.STOP_FRAMES, stuck
+    assert present[-1] and present[0]  # found again once past the post
+    # the premise: without the rule the mask stays on the post
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(session_mod, "STOP_DROP", 0.0)
+        stuck_off, _ = run()
+    assert sum(stuck_off) >= 5, stuck_off
