@@ -10,6 +10,8 @@ tracker's result was checked by running these scenes through ``benchmarks/bench_
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import cv2
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ import pytest
 from vostream.pipeline.types import Frame, Prompt
 from vostream.stages.preprocess import Preprocessor
 from vostream.stages.trackers.classic import ClassicTracker
+from vostream.stages.trackers.classic.session import ClassicSession
 
 W, H = 320, 180
 PALETTE = np.array([[150, 110, 70], [90, 70, 50], [200, 170, 120], [60, 80, 40]], np.float32)
@@ -64,9 +67,15 @@ def panning_scene(
 
 
 def track(
-    tracker: ClassicTracker, imgs: list[np.ndarray], gts: list[np.ndarray], prompt: Prompt
+    tracker: ClassicTracker,
+    imgs: list[np.ndarray],
+    gts: list[np.ndarray],
+    prompt: Prompt,
+    masks_out: list[np.ndarray] | None = None,
+    each: Callable[[ClassicSession], None] | None = None,
 ) -> tuple[list[float], list[bool]]:
-    """Per-frame IoU (logits upsampled like postprocess does) and ``present`` flags."""
+    """Per-frame IoU (logits upsampled like postprocess does) and ``present`` flags; the masks go to
+    ``masks_out`` when given, and ``each`` sees the session after every step."""
     pre = Preprocessor(tracker.input_spec(W, H))
     session = tracker.new_session()
     session.add_prompt(prompt)
@@ -76,8 +85,13 @@ def track(
         fr.tensor = pre(img)
         res = session.step(fr)
         assert res.logits is not None
-        ious.append(_iou(cv2.resize(res.logits[0], (W, H), interpolation=cv2.INTER_LINEAR) > 0, gts[t]))
+        mask = cv2.resize(res.logits[0], (W, H), interpolation=cv2.INTER_LINEAR) > 0
+        ious.append(_iou(mask, gts[t]))
         present.append(bool(res.present[0]))
+        if masks_out is not None:
+            masks_out.append(mask)
+        if each is not None:
+            each(session)
     return ious, present
 
 
@@ -211,18 +225,12 @@ def test_the_box_check_runs_as_soon_as_the_object_has_moved_enough() -> None:
 
     for speed, runs_at in ((6.0, 1), (0.5, BOX_CHECK_FRAMES)):
         imgs, masks, _, disc = two_part_scene(frames=BOX_CHECK_FRAMES + 2, speed=speed)
-        tracker = ClassicTracker()
-        pre = Preprocessor(tracker.input_spec(W, H))
-        session = tracker.new_session()
-        session.add_prompt(Prompt(1, 0, box=_box(masks[0])))
-        pending, ious = [], []
-        for t, img in enumerate(imgs):
-            fr = Frame(t, img)
-            fr.tensor = pre(img)
-            res = session.step(fr)
-            assert res.logits is not None
-            pending.append(session._tracks[1].check is not None)
-            ious.append(_iou(cv2.resize(res.logits[0], (W, H)) > 0, masks[t]))
+        pending: list[bool] = []
+
+        def note(session: ClassicSession, out: list[bool] = pending) -> None:
+            out.append(session._tracks[1].check is not None)
+
+        ious, _ = track(ClassicTracker(), imgs, masks, Prompt(1, 0, box=_box(masks[0])), each=note)
         assert pending == [t < runs_at for t in range(len(imgs))], (speed, pending)
         if speed > 1:  # corrected on the frame after the prompt: the disc is off the mask from then on
             assert ious[0] < 0.85 and ious[1] >= 0.88, np.round(ious, 2)
@@ -449,25 +457,14 @@ def test_a_mask_that_stops_moving_against_the_background_is_lost_not_moved_onto_
     import vostream.stages.trackers.classic.session as session_mod
 
     imgs, masks, post = _behind_a_look_alike_post()
-    prompt = Prompt(1, 0, mask=masks[0])
-
-    tracker = ClassicTracker()
-    pre = Preprocessor(tracker.input_spec(W, H))
 
     def run() -> tuple[list[bool], list[bool]]:
-        session = tracker.new_session()
-        session.add_prompt(prompt)
-        stuck, present = [], []
-        for t, img in enumerate(imgs):
-            fr = Frame(t, img)
-            fr.tensor = pre(img)
-            res = session.step(fr)
-            assert res.logits is not None
-            m = cv2.resize(res.logits[0], (W, H)) > 0
-            stuck.append(
-                bool(res.present[0]) and np.count_nonzero(m & post) > 0.5 * max(1, np.count_nonzero(m))
-            )
-            present.append(bool(res.present[0]))
+        """Per frame: is the reported mask mostly the post; ``present``."""
+        out: list[np.ndarray] = []
+        _, present = track(ClassicTracker(), imgs, masks, Prompt(1, 0, mask=masks[0]), out)
+        stuck = [
+            p and np.count_nonzero(m & post) > 0.5 * max(1, np.count_nonzero(m)) for m, p in zip(out, present)
+        ]
         return stuck, present
 
     stuck, present = run()
