@@ -73,16 +73,18 @@ def track(
     prompt: Prompt,
     masks_out: list[np.ndarray] | None = None,
     each: Callable[[ClassicSession], None] | None = None,
+    indices: list[int] | None = None,
 ) -> tuple[list[float], list[bool]]:
     """Per-frame IoU (logits upsampled like postprocess does) and ``present`` flags; the masks go to
-    ``masks_out`` when given, and ``each`` sees the session after every step."""
+    ``masks_out`` when given, and ``each`` sees the session after every step.  ``indices``: the frames to process
+    (default: all; the others are skipped, as a live feed drops them)."""
     pre = Preprocessor(tracker.input_spec(W, H))
     session = tracker.new_session()
     session.add_prompt(prompt)
     ious, present = [], []
-    for t, img in enumerate(imgs):
-        fr = Frame(t, img)
-        fr.tensor = pre(img)
+    for t in range(len(imgs)) if indices is None else indices:
+        fr = Frame(t, imgs[t])
+        fr.tensor = pre(imgs[t])
         res = session.step(fr)
         assert res.logits is not None
         mask = cv2.resize(res.logits[0], (W, H), interpolation=cv2.INTER_LINEAR) > 0
@@ -428,21 +430,24 @@ def test_a_large_hole_stays_open_while_small_ones_are_filled() -> None:
         assert np.array_equal(out, expected.astype(bool))
 
 
-def _behind_a_look_alike_post(frames: int = 30) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
-    """A red textured disc moving right at 5 px/frame over a textured background, passing behind a static post of
-    the same red texture (in front of it).  Returns frames, the disc's visible masks and the post."""
+def _behind_a_look_alike_post(
+    frames: int = 30, post_on: bool = True, speed: float = 5.0
+) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """A red textured disc moving right at ``speed`` px/frame over a textured background, passing behind a static
+    post of the same red texture (in front of it; none when ``post_on`` is False).  Returns frames, the disc's visible
+    masks and the post."""
     rng = np.random.default_rng(7)
     bg = _texture(rng, H, W, 14)
     red = _texture(rng, H, W, 7, RED)
     post = np.zeros((H, W), bool)
-    post[20:170, 150:172] = True
+    post[20:170, 150:172] = post_on
     imgs, masks = [], []
     for t in range(frames):
         img = bg.copy()
         disc = np.zeros((H, W), np.uint8)
-        cv2.circle(disc, (60 + 5 * t, 95), 24, 1, -1)
+        cv2.circle(disc, (60 + int(round(speed * t)), 95), 24, 1, -1)
         d = disc.astype(bool)
-        img[d] = np.roll(red, 5 * t, axis=1)[d]
+        img[d] = np.roll(red, int(round(speed * t)), axis=1)[d]
         img[post] = red[post]
         imgs.append(img)
         masks.append(d & ~post)
@@ -477,3 +482,25 @@ def test_a_mask_that_stops_moving_against_the_background_is_lost_not_moved_onto_
         mp.setattr(session_mod, "STOP_DROP", 0.0)
         stuck_off, _ = run()
     assert sum(stuck_off) >= 5, stuck_off
+
+
+def test_skipped_frames_are_not_a_stop() -> None:
+    """The stop rule compares speeds per frame index: a feed that drops 5 frames of 6 and then none does not make
+    a moving object look as if it had stopped (per processed frame its motion falls to a sixth)."""
+    import vostream.stages.trackers.classic.session as session_mod
+
+    imgs, masks, _ = _behind_a_look_alike_post(frames=40, post_on=False, speed=2.0)
+    indices = [0, 6, 12, 18, 24, 30, 31, 32, 33, 34]
+    seen: list[float] = []
+
+    def note(session: ClassicSession, out: list[float] = seen) -> None:
+        out.append(session._tracks[1].sep_last)
+
+    ious, present = track(
+        ClassicTracker(), imgs, masks, Prompt(1, 0, mask=masks[0]), indices=indices, each=note
+    )
+    assert all(present), (present, np.round(seen, 1))
+    assert min(ious[1:]) >= 0.8, np.round(ious, 2)
+    # the premise: per processed frame, the speed falls from 6x to 1x a frame's, which is a stop by the rule
+    per_step = [6 * seen[5], seen[6]]
+    assert per_step[0] > session_mod.STOP_MIN and per_step[1] < session_mod.STOP_DROP * per_step[0], per_step

@@ -199,6 +199,7 @@ class ClassicSession(TrackerSession):
         self._pending: dict[int, Prompt] = {}
         self._prev_gray: np.ndarray | None = None
         self._prev_index = 0
+        self._gap = 1  # frame indices between the previous processed frame and this one (skipped frames)
         self._src_size: tuple[int, int] | None = None  # (W, H) of the source frames
         self._work_size: tuple[int, int] | None = None  # (w, h) of the tensors
 
@@ -283,6 +284,7 @@ class ClassicSession(TrackerSession):
             fwd = self._flow(self._prev_gray, gray, init)
             bwd = self._flow_back(gray, self._prev_gray, None if init is None else (-init[0], -init[1]))
             flow = (fwd, bwd, self._background_motion(bwd))
+        self._gap = max(1, frame.index - self._prev_index)
         self._prev_index = frame.index
         self._prev_gray = gray
 
@@ -519,7 +521,9 @@ class ClassicSession(TrackerSession):
             bw = bwd[ry0:ry1, rx0:rx1]
             bgx, bgy, obx, oby, sep = _motion_fields(bg, m, gx, gy)
             core = sdr > 0
-            sep_now = float(np.median(sep[core])) if core.any() else 0.0
+            sep_med = float(np.median(sep[core])) if core.any() else 0.0
+            # per frame index, so that skipped frames (a live feed dropping them) do not read as a change of speed
+            sep_now = sep_med / self._gap
             if core.any():
                 # expected: the running mean of its speed against the background, or the last frame's if lower
                 # (an object that slows down to stop is expected to be slow); judged from STOP_AFTER frames on
@@ -542,7 +546,7 @@ class ClassicSession(TrackerSession):
                 if not stopped:
                     tr.sep_ref = sep_now if tr.sep_n == 0 else tr.sep_ref + 0.3 * (sep_now - tr.sep_ref)
                     tr.sep_last, tr.sep_n = sep_now, tr.sep_n + 1
-            if core.any() and sep_now > p.motion_min:
+            if core.any() and sep_med > p.motion_min:
                 r_bg = np.sqrt((bw[..., 0] - bgx) ** 2 + (bw[..., 1] - bgy) ** 2)
                 r_ob = np.sqrt((bw[..., 0] - obx) ** 2 + (bw[..., 1] - oby) ** 2)
                 fused += p.motion_weight * np.clip((r_bg - r_ob) / np.maximum(1.0, 0.5 * sep), -1.0, 1.0)
