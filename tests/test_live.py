@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from media import media_dir
 from rtsp_server import RtspServer, server_available, serving
+from waiting import wait_until
 
 from vostream.pipeline import Pipeline
 from vostream.pipeline.errors import ConfigError, SourceError
@@ -449,12 +450,12 @@ def test_a_returning_server_is_picked_up_within_a_second(rtsp_server: RtspServer
     source.open()
     frames, stop, thread = _read_in_background(source)
     try:
-        assert _wait(lambda: len(frames) >= 10, 10)
+        assert wait_until(lambda: len(frames) >= 10, 10)
         rtsp_server.kill()
         time.sleep(4.0)  # the outage: reconnect attempts fail meanwhile
         rtsp_server.start()  # same port; returns once the server listens
         back = time.time()
-        assert _wait(lambda: frames[-1].capture_time > back, 8), "never reconnected"
+        assert wait_until(lambda: frames[-1].capture_time > back, 8), "never reconnected"
         picked_up = next(f for f in frames if f.capture_time > back).capture_time - back
     finally:
         stop.set()
@@ -464,15 +465,6 @@ def test_a_returning_server_is_picked_up_within_a_second(rtsp_server: RtspServer
     assert picked_up < 1.5, picked_up
     delays = [e.delay_s for e in source.supervisor.events if e.state == RECONNECTING]
     assert len(delays) >= 4 and max(delays) <= 1.0, delays
-
-
-def _wait(predicate: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @needs_server

@@ -16,7 +16,7 @@ import logging
 import cv2
 import numpy as np
 
-from .appearance import ColourModel
+from .appearance import ColourModel, quantise
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +45,22 @@ def _component_at(mask: np.ndarray, pts: np.ndarray) -> np.ndarray:
     return np.isin(lab, list(keep))
 
 
-def _fill_holes(mask: np.ndarray) -> np.ndarray:
+def _fill_holes(mask: np.ndarray, max_frac: float | None = None) -> np.ndarray:
+    """``mask`` with its holes filled; with ``max_frac``, only the holes up to that fraction of the filled area."""
     m = mask.astype(np.uint8)
     cnts, _ = cv2.findContours(m, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     out = np.zeros_like(m)
     cv2.drawContours(out, cnts, -1, 1, -1)
-    return out.astype(bool)
+    filled = out.astype(bool)
+    if max_frac is None:
+        return filled
+    holes = filled & ~mask
+    if not holes.any():
+        return filled
+    _, lab, stats, _ = cv2.connectedComponentsWithStats(holes.astype(np.uint8), connectivity=4)
+    small = stats[:, cv2.CC_STAT_AREA] <= max_frac * np.count_nonzero(filled)
+    small[0] = False
+    return mask | small[lab]
 
 
 def _roi(mask: np.ndarray, pad: float, min_pad: int) -> tuple[int, int, int, int]:
@@ -266,12 +276,14 @@ HOLE_MIN = 0.02
 
 
 def _open_holes(
-    img: np.ndarray, mask: np.ndarray, roi: tuple[int, int, int, int], box: tuple[int, int, int, int]
+    img: np.ndarray,
+    mask: np.ndarray,
+    roi: tuple[int, int, int, int],
+    box: tuple[int, int, int, int],
+    keep: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``mask`` without the enclosed background-coloured regions described above; background model: the ROI
-    outside the box."""
-    from .appearance import ColourModel, quantise
-
+    """``mask`` without the enclosed background-coloured regions described above, except those that touch
+    ``keep`` (the positive clicks); background model: the ROI outside the box."""
     if not mask.any():
         return mask
     x0, y0, x1, y1 = roi
@@ -290,6 +302,8 @@ def _open_holes(
     outline = m & ~cv2.erode(m.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
     touching = np.zeros(n, bool)
     touching[np.unique(lab[outline])] = True
+    if keep is not None:
+        touching[np.unique(lab[keep[y0:y1, x0:x1]])] = True
     drop = (stats[:, cv2.CC_STAT_AREA] >= HOLE_MIN * np.count_nonzero(m)) & ~touching
     drop[0] = False
     if not drop.any():
@@ -318,8 +332,9 @@ def mask_from_box(
     init = np.full((h, w), cv2.GC_BGD, np.uint8)
     init[by0:by1, bx0:bx1] = cv2.GC_PR_FGD
     r = max(2, int(round(0.01 * min(h, w))))
-    if len(pos):
-        init[_disc((h, w), pos, r)] = cv2.GC_FGD
+    clicked = _disc((h, w), pos, r) if len(pos) else None
+    if clicked is not None:
+        init[clicked] = cv2.GC_FGD
     if len(neg):
         init[_disc((h, w), neg, r)] = cv2.GC_BGD
     pw, ph = max(8, (bx1 - bx0) // 2), max(8, (by1 - by0) // 2)
@@ -329,9 +344,7 @@ def mask_from_box(
         n, lab, stats, _ = cv2.connectedComponentsWithStats(out.astype(np.uint8), connectivity=8)
         if n > 2:  # keep the largest component
             out = lab == 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))
-        out = _open_holes(img, _fill_holes(out), roi, (bx0, by0, bx1, by1))
-        if len(pos):  # a positive click stays in
-            out |= _disc((h, w), pos, r) & _component_at(out | _disc((h, w), pos, r), pos)
+        out = _open_holes(img, _fill_holes(out), roi, (bx0, by0, bx1, by1), keep=clicked)
     if fallback and out.sum() < 0.05 * (bx1 - bx0) * (by1 - by0):
         logger.warning("grabCut found almost nothing in box %s; using the box's inscribed ellipse", box)
         out = np.zeros((h, w), np.uint8)
@@ -481,7 +494,7 @@ def refine_box_by_motion(
         out = np.isin(lab, ids[ids > 0])
     if out.sum() < MIN_KEEP * mask.sum():
         return None
-    out = _open_holes(img, _fill_holes(out), (bx0, by0, bx1, by1), _roi(inbox, 0.0, 0))
+    out = _open_holes(img, _fill_holes(out), (bx0, by0, bx1, by1), _roi(inbox, 0.0, 0), keep=seeds)
     if neg is not None and len(neg):  # filling holes must not take a negative click back in
         out &= ~_disc((h, w), neg, r0)
     return out

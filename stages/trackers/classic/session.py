@@ -128,9 +128,8 @@ class _Track:
     sep_ref: float = 0.0
     sep_last: float = 0.0
     sep_n: int = 0
-    decoy: np.ndarray | None = (
-        None  # where the mask stopped moving with the object (STOP_DROP): not re-acquired
-    )
+    # where the mask stopped moving with the object (STOP_DROP): not re-acquired there
+    decoy: np.ndarray | None = None
     decoy_until: int = -1  # ... up to this frame index
     stopped: int = 0  # consecutive frames the mask has moved with the background (STOP_DROP)
     llr_ref: float = 1.0  # typical mean colour log likelihood ratio inside the mask (EMA)
@@ -523,29 +522,11 @@ class ClassicSession(TrackerSession):
             core = sdr > 0
             sep_med = float(np.median(sep[core])) if core.any() else 0.0
             # per frame index, so that skipped frames (a live feed dropping them) do not read as a change of speed
-            sep_now = sep_med / self._gap
-            if core.any():
-                # expected: the running mean of its speed against the background, or the last frame's if lower
-                # (an object that slows down to stop is expected to be slow); judged from STOP_AFTER frames on
-                expected = min(tr.sep_ref, tr.sep_last)
-                stopped = tr.sep_n >= STOP_AFTER and expected > STOP_MIN and sep_now < STOP_DROP * expected
-                tr.stopped = tr.stopped + 1 if stopped else 0
-                if stopped and tr.stopped >= STOP_FRAMES:
-                    logger.debug(
-                        "object %d: its mask stopped moving against the background at frame %d (%.1f px, %.1f "
-                        "expected): lost to something static",
-                        tr.obj_id,
-                        index,
-                        sep_now,
-                        expected,
-                    )
-                    tr.decoy = (sdw > 0) | tr.mask
-                    tr.decoy[ry0:ry1, rx0:rx1] |= self._components(fused > 0, pred_r)
-                    tr.decoy_until = index + DECOY_FRAMES
-                    return out, s2
-                if not stopped:
-                    tr.sep_ref = sep_now if tr.sep_n == 0 else tr.sep_ref + 0.3 * (sep_now - tr.sep_ref)
-                    tr.sep_last, tr.sep_n = sep_now, tr.sep_n + 1
+            if core.any() and self._stopped(tr, sep_med / self._gap, index):
+                tr.decoy = (sdw > 0) | tr.mask
+                tr.decoy[ry0:ry1, rx0:rx1] |= self._components(fused > 0, pred_r)
+                tr.decoy_until = index + DECOY_FRAMES
+                return out, s2
             if core.any() and sep_med > p.motion_min:
                 r_bg = np.sqrt((bw[..., 0] - bgx) ** 2 + (bw[..., 1] - bgy) ** 2)
                 r_ob = np.sqrt((bw[..., 0] - obx) ** 2 + (bw[..., 1] - oby) ** 2)
@@ -559,6 +540,31 @@ class ClassicSession(TrackerSession):
             keep = self._components(fused > 0, pred_r)
         out[ry0:ry1, rx0:rx1] = np.where(keep, np.maximum(fused, 0.05), np.minimum(fused, -0.05))
         return out, s2
+
+    @staticmethod
+    def _stopped(tr: _Track, speed: float, index: int) -> bool:
+        """The stop rule (``STOP_*``) for an object whose mask moves ``speed`` px per frame against the background
+        on this frame: True when it is to be declared lost; otherwise its speed is noted."""
+        # expected: the running mean of its speed against the background, or the last frame's if lower (an object
+        # that slows down to stop is expected to be slow); judged from STOP_AFTER frames on
+        expected = min(tr.sep_ref, tr.sep_last)
+        stopped = tr.sep_n >= STOP_AFTER and expected > STOP_MIN and speed < STOP_DROP * expected
+        tr.stopped = tr.stopped + 1 if stopped else 0
+        if stopped:
+            if tr.stopped < STOP_FRAMES:
+                return False
+            logger.debug(
+                "object %d: its mask stopped moving against the background at frame %d (%.1f px, %.1f expected): "
+                "lost to something static",
+                tr.obj_id,
+                index,
+                speed,
+                expected,
+            )
+            return True
+        tr.sep_ref = speed if tr.sep_n == 0 else tr.sep_ref + 0.3 * (speed - tr.sep_ref)
+        tr.sep_last, tr.sep_n = speed, tr.sep_n + 1
+        return False
 
     def _grow_by_motion(
         self, tr: _Track, img: np.ndarray, qidx: np.ndarray, lg: np.ndarray, bwd: np.ndarray, bg: np.ndarray
@@ -760,7 +766,8 @@ class ClassicSession(TrackerSession):
 
     @staticmethod
     def _components(cand: np.ndarray, pred: np.ndarray) -> np.ndarray:
-        """Connected components of ``cand`` consistent with the prediction ``pred``, holes filled."""
+        """Connected components of ``cand`` consistent with the prediction ``pred``, holes up to ``MAX_HOLE`` of
+        their area filled."""
         if not cand.any():
             return cand
         n, lab, stats, _ = cv2.connectedComponentsWithStats(cand.astype(np.uint8), connectivity=8)
@@ -770,16 +777,8 @@ class ClassicSession(TrackerSession):
         good[0] = False
         if not good.any():
             return np.zeros_like(cand)
-        keep = good[lab]
-        filled = _fill_holes(keep)
-        holes = filled & ~keep
-        if not holes.any():
-            return filled
         # only small holes are noise: a large one is background seen through the object (a wheel, an arm's loop)
-        nh, hlab, hstats, _ = cv2.connectedComponentsWithStats(holes.astype(np.uint8), connectivity=4)
-        small = hstats[:, cv2.CC_STAT_AREA] <= MAX_HOLE * np.count_nonzero(filled)
-        small[0] = False
-        return keep | small[hlab]
+        return _fill_holes(good[lab], MAX_HOLE)
 
     def _reacquire(self, tr: _Track, qidx: np.ndarray, index: int) -> np.ndarray | None:
         """Search for an absent object; its logits when found, else None."""
