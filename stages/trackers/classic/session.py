@@ -337,7 +337,7 @@ class ClassicSession(TrackerSession):
             if sp.mask is not None:
                 mask = sp.mask
             elif sp.box is not None:
-                mask = mask_from_box(img, sp.box, pos, neg)
+                mask = mask_from_box(img, sp.box, pos, neg, contrast=True)
             elif len(pos):
                 mask = mask_from_points(img, qidx, pos, neg, search=search)
             else:  # negative-only correction of a known object: refine its current estimate
