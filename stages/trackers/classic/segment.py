@@ -72,19 +72,32 @@ def _roi(mask: np.ndarray, pad: float, min_pad: int) -> tuple[int, int, int, int
     return max(0, x0 - px), max(0, y0 - py), min(w, x1 + px), min(h, y1 + py)
 
 
-def _grabcut(img: np.ndarray, init: np.ndarray, roi: tuple[int, int, int, int], iters: int = 3) -> np.ndarray:
-    """grabCut in mask mode on ``roi``; ``init`` holds GC_* labels for the whole image."""
+# grabCut's colour models start from k-means on OpenCV's RNG, and on real footage two runs can differ by a whole
+# background region (a fence behind a hockey player).  A box's mask, which the rest of the clip depends on, is the
+# pixel-wise majority of VOTES runs.
+VOTES = 3
+
+
+def _grabcut(
+    img: np.ndarray, init: np.ndarray, roi: tuple[int, int, int, int], iters: int = 3, votes: int = 1
+) -> np.ndarray:
+    """grabCut in mask mode on ``roi``; ``init`` holds GC_* labels for the whole image.  ``votes`` > 1: the
+    pixel-wise majority of that many runs."""
     x0, y0, x1, y1 = roi
-    sub = np.ascontiguousarray(init[y0:y1, x0:x1])
-    bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
-    try:
-        cv2.grabCut(
-            np.ascontiguousarray(img[y0:y1, x0:x1]), sub, (0, 0, 0, 0), bgd, fgd, iters, cv2.GC_INIT_WITH_MASK
-        )  # the rect is ignored in mask mode
-    except cv2.error as exc:  # degenerate ROI (e.g. no background sample): keep the initial labelling
-        logger.debug("grabCut failed on roi %s: %s", roi, exc)
+    crop = np.ascontiguousarray(img[y0:y1, x0:x1])
+    count = np.zeros((y1 - y0, x1 - x0), np.int32)
+    for _ in range(votes):
+        sub = np.ascontiguousarray(init[y0:y1, x0:x1])
+        bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
+        try:
+            cv2.grabCut(
+                crop, sub, (0, 0, 0, 0), bgd, fgd, iters, cv2.GC_INIT_WITH_MASK
+            )  # rect ignored in mask mode
+        except cv2.error as exc:  # degenerate ROI (e.g. no background sample): keep the initial labelling
+            logger.debug("grabCut failed on roi %s: %s", roi, exc)
+        count += (sub == cv2.GC_FGD) | (sub == cv2.GC_PR_FGD)
     out = np.zeros(init.shape, bool)
-    out[y0:y1, x0:x1] = (sub == cv2.GC_FGD) | (sub == cv2.GC_PR_FGD)
+    out[y0:y1, x0:x1] = 2 * count > votes
     return out
 
 
@@ -389,9 +402,9 @@ def mask_from_box(
             (sub == cv2.GC_PR_FGD) & (_box_contrast(quantise(img), (bx0, by0, bx1, by1), roi) <= CONTRAST_MIN)
         ] = cv2.GC_PR_BGD
         if (sub == cv2.GC_PR_FGD).any():
-            out = _grabcut(img, cinit, roi, iters=iters)
+            out = _grabcut(img, cinit, roi, iters=iters, votes=VOTES)
     if out.sum() < ALMOST_NOTHING * area:
-        out = _grabcut(img, init, roi, iters=iters)
+        out = _grabcut(img, init, roi, iters=iters, votes=VOTES if contrast else 1)
     if out.any():
         n, lab, stats, _ = cv2.connectedComponentsWithStats(out.astype(np.uint8), connectivity=8)
         if n > 2:  # keep the largest component
@@ -501,6 +514,7 @@ def refine_box_by_motion(
     flow: np.ndarray,
     pos: np.ndarray | None = None,
     neg: np.ndarray | None = None,
+    votes: int = 1,
 ) -> np.ndarray | None:
     """The box prompt's mask on its frame ``img``, re-segmented with motion: ``flow`` is the dense flow from that
     frame to a later one.  Pixels in the box that move against the background (``_moving``, background fitted
@@ -511,7 +525,7 @@ def refine_box_by_motion(
     ``mask_from_box``, and a component holding a positive click is kept.  None when the box is under ``MIN_SIDE``
     across, nothing in it moves against the background, the background's motion
     cannot be fitted, or the result keeps less than ``MIN_KEEP`` of ``mask`` (textureless objects whose flow
-    follows the background)."""
+    follows the background).  ``votes``: grabCut runs to take the majority of (``_grabcut``)."""
     h, w = mask.shape
     if min(box[2] - box[0], box[3] - box[1]) < MIN_SIDE or not mask.any():
         return None
@@ -539,7 +553,7 @@ def refine_box_by_motion(
     if neg is not None and len(neg):
         init[_disc((h, w), neg, r0)] = cv2.GC_BGD
     bx0, by0, bx1, by1 = _roi(inbox, 0.5, 8)
-    out = _grabcut(img, init, (bx0, by0, bx1, by1))
+    out = _grabcut(img, init, (bx0, by0, bx1, by1), votes=votes)
     n, lab = cv2.connectedComponents(out.astype(np.uint8), connectivity=8)
     if n > 1:  # a look-alike static region that does not touch the moving object is not part of it
         ids = np.unique(lab[seeds & out])

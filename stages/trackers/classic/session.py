@@ -23,6 +23,7 @@ from .segment import (
     BOX_CHECK_MOTION,
     CLICK_AGREE,
     CLICK_CHECK_FRAMES,
+    VOTES,
     _fill_holes,
     box_motion,
     mask_from_box,
@@ -686,7 +687,7 @@ class ClassicSession(TrackerSession):
         if mc.kind == "box":
             if mc.seen < last and box_motion(mc.box, mc.mask, fwd) < BOX_CHECK_MOTION:
                 return  # too little motion yet to tell the object from the background: a later frame
-            ref = refine_box_by_motion(mc.img, mc.box, mc.mask, fwd, mc.pos, mc.neg)
+            ref = refine_box_by_motion(mc.img, mc.box, mc.mask, fwd, mc.pos, mc.neg, votes=VOTES)
             if mc.seen < last and (ref is None or (ref & mc.mask).sum() >= SAME_MASK * (ref | mc.mask).sum()):
                 return  # nothing to change yet: the flow to a later frame may tell more
             tr.check = None
