@@ -29,7 +29,7 @@ if [ "${QUICK:-0}" = 1 ]; then
   davis="--limit 1 --modes click"
 else
   tracker="" pipeline="--frames 300 --media-dir $out" annotate="" hotpath="" decode="--dir $out" rss="--frames 10000"
-  streams="" live="" viewer="" sam2="--large" attention="" batching="" davis=""
+  streams="" live="" viewer="" sam2="--large" attention="" batching="" davis="--seeds 3"
 fi
 
 run() {
