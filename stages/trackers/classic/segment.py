@@ -279,6 +279,15 @@ def mask_from_points(
     return out
 
 
+def _around_box(roi: tuple[int, int, int, int], box: tuple[int, int, int, int]) -> np.ndarray:
+    """The ROI's pixels outside ``box`` (both x0, y0, x1, y1 in frame pixels), in ROI coordinates."""
+    x0, y0, x1, y1 = roi
+    bx0, by0, bx1, by1 = box
+    ring = np.ones((y1 - y0, x1 - x0), bool)
+    ring[by0 - y0 : by1 - y0, bx0 - x0 : bx1 - x0] = False
+    return ring
+
+
 # grabCut's smoothness fills regions that the object encloses but that show the background through it (the wheels
 # of a bicycle): a region inside the mask whose colour is more likely under the background's model than under the
 # mask's, at least HOLE_MIN of the mask and not touching its outline, is opened.  Chosen on the DAVIS-2016 dev split:
@@ -298,11 +307,9 @@ def _open_holes(
     if not mask.any():
         return mask
     x0, y0, x1, y1 = roi
-    bx0, by0, bx1, by1 = box
     q = quantise(np.ascontiguousarray(img[y0:y1, x0:x1]))
     m = mask[y0:y1, x0:x1]
-    ring = np.ones(m.shape, bool)
-    ring[by0 - y0 : by1 - y0, bx0 - x0 : bx1 - x0] = False
+    ring = _around_box(roi, box)
     if not ring.any():
         return mask
     llr = cv2.GaussianBlur(ColourModel.from_pixels(q[m], q[ring]).llr(q), (0, 0), 1.5)
@@ -345,8 +352,7 @@ def _box_contrast(
     lightly blurred; (by1 - by0, bx1 - bx0) float32.  ``q``: the frame's colour-cell indices."""
     bx0, by0, bx1, by1 = box
     x0, y0, x1, y1 = roi
-    ring = np.ones((y1 - y0, x1 - x0), bool)
-    ring[by0 - y0 : by1 - y0, bx0 - x0 : bx1 - x0] = False
+    ring = _around_box(roi, box)
     qr = q[y0:y1, x0:x1]
     out = np.zeros((by1 - by0, bx1 - bx0), np.float32)
     edges = np.linspace(by0, by1, CONTRAST_BANDS + 1).astype(int)
@@ -373,9 +379,10 @@ def mask_from_box(
     iters: int = 4,
     contrast: bool = False,
 ) -> np.ndarray:
-    """grabCut inside ``box`` (x0, y0, x1, y1 at working resolution); clicks are hard constraints.  ``contrast``:
-    start from the box's pixels coloured unlike their surroundings (``_box_contrast``), falling back to the whole
-    box when that finds almost nothing."""
+    """grabCut inside ``box`` (x0, y0, x1, y1 at working resolution); clicks are hard constraints.  ``contrast``
+    (a box prompt's mask): start from the box's pixels coloured unlike their surroundings (``_box_contrast``),
+    falling back to the whole box when that finds almost nothing, and take the majority of ``VOTES`` grabCut runs;
+    without it (the click's box search), one run from the whole box."""
     h, w = img.shape[:2]
     bx0, by0 = max(0, int(np.floor(box[0]))), max(0, int(np.floor(box[1])))
     bx1, by1 = min(w, int(np.ceil(box[2]))), min(h, int(np.ceil(box[3])))
