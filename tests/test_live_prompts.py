@@ -206,17 +206,23 @@ def test_after_s_object_appears_from_about_the_right_frame(
     """Object 1 from a frame trigger, object 2 added 1 s after the first frame: its masks start ~30+ frames in
     and match the ground truth (frames named by the source index, which follows the stream's pts).
 
-    The frame that is "due" is the one the source decoded first at or after first frame + ``after_s`` by the wall
-    clock: the source's frames are recorded (index, capture time) to know which one that was."""
+    The frame that is "due" is the one the source delivered first at or after its first frame + ``after_s`` by the
+    wall clock: the source's frames are recorded (index, wall time when ``_make_frame`` returned) to know which one
+    that was.  Not the frames' capture times: those are on the stream's clock, earlier than delivery when the feed
+    lags, and the timer fires by delivery (it prompts the next frame the source will deliver)."""
     from vostream.pipeline.apps.track import run_track
     from vostream.stages.sources.live import LiveSource
 
     decoded: dict[int, list[tuple[int, float]]] = {}
+    first_time: dict[int, float] = {}
     make_frame = LiveSource._make_frame
 
     def recording(self: LiveSource, conn: Any, av_frame: Any) -> Any:
         frame = make_frame(self, conn, av_frame)
-        decoded.setdefault(id(self), []).append((frame.index, frame.capture_time))
+        # after last_index moved on: a timer that saw the old index fired before this time
+        decoded.setdefault(id(self), []).append((frame.index, self.clock()))
+        assert self.first_frame_time is not None
+        first_time[id(self)] = self.first_frame_time  # what the timer counts after_s from
         return frame
 
     monkeypatch.setattr(LiveSource, "_make_frame", recording)
@@ -265,9 +271,12 @@ def test_after_s_object_appears_from_about_the_right_frame(
     with_obj2 = [i for i, p in zip(indices, pngs) if (np.asarray(Image.open(p)) == 2).any()]
     assert with_obj2, "object 2 was never tracked"
     first2 = with_obj2[0]
-    frames = max(decoded.values(), key=len)  # the pipeline's source (the CLI's probe decoded one frame)
+    key = max(
+        decoded, key=lambda k: len(decoded[k])
+    )  # the pipeline's source (the CLI's probe decoded one frame)
+    frames = decoded[key]
     assert len(frames) == 90
-    due = next(i for i, t in frames if t >= frames[0][1] + after)
+    due = next(i for i, t in frames if t >= first_time[key] + after)
     # Indices follow media time, so 'due' is >= after x fps, more when the first frames came in a burst (probing).
     assert start - 1 <= due <= start + window - 10, due
     # Applied to the first frame after the trigger; a frame the tracker skipped (latest edges) moves it on.
