@@ -31,6 +31,7 @@ from .segment import (
     padded_box,
     refine_box_by_motion,
     refine_click_by_motion,
+    touches_border,
 )
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,11 @@ class ClassicParams:
     max_growth: float = 1.3  # visible area at most this x the reference area (x the motion's scale)
     frame_growth: float = 1.12  # ... and at most this x its last visible area
     area_grow_rate: float = 0.03  # reference-area EMA rate when the area grows (area_rate when it shrinks)
+    # A box or mask prompt gives the object's whole extent (unless it touches the frame's border): the reference
+    # area then never grows past the prompt's mask area (x the motion's scale since).  A click's mask is often a part of the object, so its reference is
+    # not capped.  Without the cap, the mask crept into what moves and looks like a box-prompted object (a boat's
+    # reflection below it): up to max_growth x a reference that grew with it, frame after frame.
+    extent_cap: bool = True
 
 
 @dataclass
@@ -134,6 +140,9 @@ class _Track:
     decoy_until: int = -1  # ... up to this frame index
     stopped: int = 0  # consecutive frames the mask has moved with the background (STOP_DROP)
     llr_ref: float = 1.0  # typical mean colour log likelihood ratio inside the mask (EMA)
+    extent: float = (
+        0.0  # a box or mask prompt's mask area, x the motion's scale since (extent_cap); 0: a click
+    )
     grow_until: int = -1  # frame index until which the mask may grow to what moves with it
     grow_base: float = 0.0  # area of the click's own segmentation (growth is capped relative to it)
     grow: np.ndarray | None = None  # (h, w) float32 running vote "moves with the object" (click prompts)
@@ -348,6 +357,12 @@ class ClassicSession(TrackerSession):
             self._init_track(
                 oid, mask, qidx, frame.index, keep_area=oid in self._tracks and oid not in refresh
             )
+            at_border = touches_border(mask) or (
+                sp.box is not None and (min(sp.box[:2]) < 2 or sp.box[2] > w - 2 or sp.box[3] > h - 2)
+            )
+            if self.params.extent_cap and (sp.mask is not None or sp.box is not None) and not at_border:
+                # (an object at the frame's border may run past it: more of it can come into view)
+                self._tracks[oid].extent = float(mask.sum())
             if not self.params.check_by_motion or sp.mask is not None:
                 pass
             elif sp.box is not None:
@@ -687,7 +702,7 @@ class ClassicSession(TrackerSession):
         if mc.kind == "box":
             if mc.seen < last and box_motion(mc.box, mc.mask, fwd) < BOX_CHECK_MOTION:
                 return  # too little motion yet to tell the object from the background: a later frame
-            ref = refine_box_by_motion(mc.img, mc.box, mc.mask, fwd, mc.pos, mc.neg, votes=VOTES)
+            ref = refine_box_by_motion(mc.img, mc.box, mc.mask, fwd, mc.pos, mc.neg, votes=VOTES, robust=True)
             if mc.seen < last and (ref is None or (ref & mc.mask).sum() >= SAME_MASK * (ref | mc.mask).sum()):
                 return  # nothing to change yet: the flow to a later frame may tell more
             tr.check = None
@@ -751,10 +766,12 @@ class ClassicSession(TrackerSession):
 
     def _restart(self, tr: _Track, mask: np.ndarray, qidx: np.ndarray) -> _Track:
         """Replace ``tr`` by a track whose models start from ``mask`` (this frame), keeping what the new mask does
-        not change: motion, velocity, prompt frame, growth-by-motion state and a pending check by motion."""
+        not change: motion, velocity, prompt frame and kind, growth-by-motion state and a pending check by motion."""
         self._init_track(tr.obj_id, mask, qidx, tr.last_seen, keep_area=False)
         nt = self._tracks[tr.obj_id]
         nt.velocity, nt.prompted_at, nt.motion = tr.velocity, tr.prompted_at, tr.motion
+        if tr.extent:  # the check by motion re-segmented the prompt: its extent is the new mask's
+            nt.extent = nt.area_ref
         nt.grow_until, nt.grow_base, nt.grow, nt.check = tr.grow_until, tr.grow_base, tr.grow, tr.check
         return nt
 
@@ -872,6 +889,7 @@ class ClassicSession(TrackerSession):
             area = float(mask.sum())
             if oid not in prompted:
                 tr.area_ref *= scale_change.get(oid, 1.0)
+                tr.extent *= scale_change.get(oid, 1.0)
                 ratio = area / max(tr.area_ref, 1.0)
                 tr.ratio = ratio
                 mean_llr = float(tr.model.llr(qidx[mask]).mean()) if area else 0.0
@@ -891,6 +909,8 @@ class ClassicSession(TrackerSession):
                     tr.llr_ref += 0.1 * (mean_llr - tr.llr_ref)
                     rate = p.area_grow_rate if area > tr.area_ref else p.area_rate
                     tr.area_ref += rate * (area - tr.area_ref)
+                    if tr.extent:
+                        tr.area_ref = min(tr.area_ref, tr.extent)
                 if ratio > 0.8:
                     tr.shape = mask
                 tr.size = float(np.sqrt(tr.area_ref))
@@ -928,6 +948,7 @@ class ClassicSession(TrackerSession):
             tr.velocity = tr.velocity * np.array([w / ow, h / oh], np.float32)
             f = (w * h) / float(ow * oh)
             tr.area_ref *= f
+            tr.extent *= f
             tr.size = float(np.sqrt(tr.area_ref))
             tr.check = None
             if tr.present and not tr.mask.any():
