@@ -109,9 +109,10 @@ class ClassicParams:
     frame_growth: float = 1.12  # ... and at most this x its last visible area
     area_grow_rate: float = 0.03  # reference-area EMA rate when the area grows (area_rate when it shrinks)
     # A box or mask prompt gives the object's whole extent (unless it touches the frame's border): the reference
-    # area then never grows past the prompt's mask area (x the motion's scale since).  A click's mask is often a part of the object, so its reference is
-    # not capped.  Without the cap, the mask crept into what moves and looks like a box-prompted object (a boat's
-    # reflection below it): up to max_growth x a reference that grew with it, frame after frame.
+    # area then never grows past the prompt's mask area (x the motion's scale since).  A click's mask is often a
+    # part of the object, so its reference is not capped.  Without the cap, the mask crept into what moves and
+    # looks like a box-prompted object (a boat's reflection below it): up to max_growth x a reference that grew
+    # with it, frame after frame.
     extent_cap: bool = True
 
 
@@ -140,9 +141,7 @@ class _Track:
     decoy_until: int = -1  # ... up to this frame index
     stopped: int = 0  # consecutive frames the mask has moved with the background (STOP_DROP)
     llr_ref: float = 1.0  # typical mean colour log likelihood ratio inside the mask (EMA)
-    extent: float = (
-        0.0  # a box or mask prompt's mask area, x the motion's scale since (extent_cap); 0: a click
-    )
+    extent: float = 0.0  # a box or mask prompt's mask area, x the motion's scale since (extent_cap); 0: none
     grow_until: int = -1  # frame index until which the mask may grow to what moves with it
     grow_base: float = 0.0  # area of the click's own segmentation (growth is capped relative to it)
     grow: np.ndarray | None = None  # (h, w) float32 running vote "moves with the object" (click prompts)
