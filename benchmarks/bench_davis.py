@@ -121,6 +121,18 @@ def run_sequence(
         return _run_sequence(tracker, frames, gts, mode, dump)
 
 
+def _param(params: Any, name: str, value: str) -> Any:
+    """``value`` (from ``--param NAME=VALUE``) as the type of ``params.NAME``; booleans from true/false/1/0."""
+    if not hasattr(params, name):
+        raise SystemExit(f"bench_davis: ClassicParams has no field {name!r}")
+    current = getattr(params, name)
+    if isinstance(current, bool):
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise SystemExit(f"bench_davis: {name} takes true or false, not {value!r}")
+        return value.lower() in ("true", "1")
+    return type(current)(value)
+
+
 @contextlib.contextmanager
 def shifted_rng(shift: int) -> Iterator[None]:
     """Within the block, ``cv2.setRNGSeed(s)`` seeds ``s + shift``.  The trackers seed OpenCV's RNG themselves
@@ -239,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
             kv = dict(item.split("=", 1) for item in args.param)
             params = dataclasses.replace(
-                ClassicParams(), **{k: type(getattr(ClassicParams(), k))(v) for k, v in kv.items()}
+                ClassicParams(), **{k: _param(ClassicParams(), k, v) for k, v in kv.items()}
             )
             extra = {"flow_preset": args.flow_preset} if args.flow_preset else {}
             trackers["new"] = ClassicTracker(work_size=ws, params=params, **extra)
