@@ -728,36 +728,3 @@ def test_a_box_at_the_frame_border_does_not_cap_the_reference_area() -> None:
         session.step(fr)
         caps[name] = session._tracks[1].extent
     assert caps["inner"] > 0 and caps["border"] == 0, caps
-
-
-def test_the_click_box_search_takes_the_majority_of_several_grabcut_runs_per_box(monkeypatch) -> None:
-    """The click's box search segments boxes of several sizes around the click; each candidate is the majority of
-    ``VOTES`` grabCut runs (DAVIS kite-surf: in one RNG seed of three, a single run took the sea), while the
-    colour region under the click is one run."""
-    import vostream.stages.trackers.classic.segment as segment
-    from vostream.stages.trackers.classic.appearance import quantise
-
-    img, truth = _kite_surfer(1)
-    calls: list[tuple[bool, int]] = []
-    real_grabcut, real_search = segment._grabcut, segment._scale_search
-    searching = [False]
-
-    def spy(img, init, roi, iters=3, votes=1):
-        calls.append((searching[0], votes))
-        return real_grabcut(img, init, roi, iters, votes=votes)
-
-    def search(*args):
-        searching[0] = True
-        try:
-            return real_search(*args)
-        finally:
-            searching[0] = False
-
-    monkeypatch.setattr(segment, "_grabcut", spy)
-    monkeypatch.setattr(segment, "_scale_search", search)
-    ys, xs = np.nonzero(truth)
-    click = np.array([[xs.mean(), ys.mean()]], np.float32)
-    segment.mask_from_points(img, quantise(img), click, np.zeros((0, 2), np.float32))
-    in_search = [v for s, v in calls if s]
-    assert len(in_search) >= len(segment.SCALES) and set(in_search) == {segment.VOTES}, calls
-    assert {v for s, v in calls if not s} == {1}, calls

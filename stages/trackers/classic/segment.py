@@ -140,7 +140,7 @@ def _coarse_box_mask(
     h, w = img.shape[:2]
     f = float(np.sqrt((box[2] - box[0]) * (box[3] - box[1]) / COARSE_PIXELS))
     if f <= 1.25:
-        return mask_from_box(img, box, pos, neg, fallback=False, iters=2, votes=VOTES)
+        return mask_from_box(img, box, pos, neg, fallback=False, iters=2)
     sw, sh = max(2, int(round(w / f))), max(2, int(round(h / f)))
     sx, sy = sw / w, sh / h
     small = cv2.resize(img, (sw, sh), interpolation=cv2.INTER_AREA)
@@ -152,7 +152,6 @@ def _coarse_box_mask(
         neg * scale,
         fallback=False,
         iters=2,
-        votes=VOTES,
     )
     return cv2.resize(m.astype(np.uint8), (w, h), interpolation=cv2.INTER_NEAREST).astype(bool)
 
@@ -379,12 +378,11 @@ def mask_from_box(
     fallback: bool = True,
     iters: int = 4,
     contrast: bool = False,
-    votes: int = 1,
 ) -> np.ndarray:
     """grabCut inside ``box`` (x0, y0, x1, y1 at working resolution); clicks are hard constraints.  ``contrast``
     (a box prompt's mask): start from the box's pixels coloured unlike their surroundings (``_box_contrast``),
     falling back to the whole box when that finds almost nothing, and take the majority of ``VOTES`` grabCut runs;
-    without it (the click's box search), the majority of ``votes`` runs from the whole box."""
+    without it (the click's box search), one run from the whole box."""
     h, w = img.shape[:2]
     bx0, by0 = max(0, int(np.floor(box[0]))), max(0, int(np.floor(box[1])))
     bx1, by1 = min(w, int(np.ceil(box[2]))), min(h, int(np.ceil(box[3])))
@@ -413,7 +411,7 @@ def mask_from_box(
         if (sub == cv2.GC_PR_FGD).any():
             out = _grabcut(img, cinit, roi, iters=iters, votes=VOTES)
     if out.sum() < ALMOST_NOTHING * area:
-        out = _grabcut(img, init, roi, iters=iters, votes=VOTES if contrast else votes)
+        out = _grabcut(img, init, roi, iters=iters, votes=VOTES if contrast else 1)
     if out.any():
         n, lab, stats, _ = cv2.connectedComponentsWithStats(out.astype(np.uint8), connectivity=8)
         if n > 2:  # keep the largest component
