@@ -718,13 +718,11 @@ def test_a_box_at_the_frame_border_does_not_cap_the_reference_area() -> None:
     (Growth into a part coming into view is slow either way: ``docs/classic-tracker.md``, known limits.)"""
     imgs, masks = _with_reflection(2)
     inner = _box(masks[0])
-    caps = {}
+    caps: dict[str, float] = {}
     for name, box in (("inner", inner), ("border", (0.0, inner[1], inner[2], inner[3]))):
-        session = ClassicTracker().new_session()
-        session.add_prompt(Prompt(1, 0, box=np.array(box, np.float32)))
-        pre = Preprocessor(ClassicTracker().input_spec(W, H))
-        fr = Frame(0, imgs[0])
-        fr.tensor = pre(imgs[0])
-        session.step(fr)
-        caps[name] = session._tracks[1].extent
+
+        def note(session: ClassicSession, name: str = name) -> None:
+            caps[name] = session._tracks[1].extent
+
+        track(ClassicTracker(), imgs[:1], masks[:1], Prompt(1, 0, box=np.array(box, np.float32)), each=note)
     assert caps["inner"] > 0 and caps["border"] == 0, caps
