@@ -23,6 +23,7 @@ from .segment import (
     BOX_CHECK_MOTION,
     CLICK_AGREE,
     CLICK_CHECK_FRAMES,
+    MIN_KEEP,
     VOTES,
     _fill_holes,
     box_motion,
@@ -63,6 +64,9 @@ DECOY_FRAMES = 30  # for this many frames the search for the lost object skips w
 #: 0.655 -> 0.661, from a box 0.616 -> 0.621 (0.02: same; 0.15: 0.655 / 0.620)
 MAX_HOLE = 0.05
 CARRIED = 0.7
+#: a check's result that lies within the prompt's mask (this fraction of it) and keeps under MIN_KEEP of it
+#: (``_moving_part``)
+PART_INSIDE = 0.9
 #: a click whose region the motion does not grow is checked like a box prompt, in its mask's box padded by this
 CLICK_FALLBACK_PAD = 0.1
 
@@ -169,6 +173,14 @@ class _MotionCheck:
     # for tracking): its flow has no more detail than the source, and growth there dragged background along (a
     # 256x144 synthetic pan: IoU 0.90 -> 0.82); such a click only gets the box check of its own mask
     grow: bool = True
+
+
+def _moving_part(ref: np.ndarray, mask: np.ndarray) -> bool:
+    """Whether a check by motion's result ``ref`` is a minority part of the prompt's ``mask``: within it
+    (``PART_INSIDE``) and under ``MIN_KEEP`` of it, which ``refine_box_by_motion`` returns only when what it dropped
+    is surely background.  Such a part is applied at a click's first estimate and carried by its own motion."""
+    n = int(np.count_nonzero(ref))
+    return 0 < n < MIN_KEEP * np.count_nonzero(mask) and np.count_nonzero(ref & mask) >= PART_INSIDE * n
 
 
 def _mask_logits(mask: np.ndarray) -> np.ndarray:
@@ -719,6 +731,10 @@ class ClassicSession(TrackerSession):
                 elif (ref & mc.mask).sum() >= SAME_MASK * (ref | mc.mask).sum():
                     tr.check = None  # the region moving with the click is its mask: nothing to confirm later
                     return
+                elif _moving_part(ref, mc.mask):
+                    tr.check = (
+                        None  # no growth to confirm, and by the next estimate the track sits on the rest
+                    )
                 else:
                     mc.first = ref
                     return
@@ -737,17 +753,24 @@ class ClassicSession(TrackerSession):
             logger.debug("object %d: %s check by motion kept the mask", tr.obj_id, mc.kind)
             return
         h, w = gray.shape
-        if (id(mc.gray), False) not in flows:
-            flows[id(mc.gray), False] = self._flow_back(gray, mc.gray)
-        bwd = flows[id(mc.gray), False]
-        gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
-        moved = cv2.remap(
-            ref.astype(np.uint8), gx + bwd[..., 0], gy + bwd[..., 1], cv2.INTER_NEAREST, borderValue=0
-        ).astype(bool)
+        part = _moving_part(ref, mc.mask)
+        if part:
+            # carried by its own motion: the backward flow at this frame is mostly that of the static rest around
+            # it (drift-chicane: a stripe carried that way sat on the smoke behind the car)
+            move = similarity_from_flow(fwd, ref)
+            moved = cv2.warpAffine(ref.astype(np.uint8), move, (w, h), flags=cv2.INTER_NEAREST).astype(bool)
+        else:
+            if (id(mc.gray), False) not in flows:
+                flows[id(mc.gray), False] = self._flow_back(gray, mc.gray)
+            bwd = flows[id(mc.gray), False]
+            gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+            moved = cv2.remap(
+                ref.astype(np.uint8), gx + bwd[..., 0], gy + bwd[..., 1], cv2.INTER_NEAREST, borderValue=0
+            ).astype(bool)
         cur = logits[tr.obj_id] > 0
         # the corrected mask, carried over several frames, must sit on the tracked object: inside it (a box check
         # removes background) or around it (a click check grows the part to the object)
-        inner, outer = (moved, cur) if mc.kind == "box" or ref is mc.fallback else (cur, moved)
+        inner, outer = (moved, cur) if mc.kind == "box" or ref is mc.fallback or part else (cur, moved)
         near = cv2.dilate(outer.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=3).astype(bool)
         if not moved.any() or (inner & near).sum() < CARRIED * inner.sum():
             logger.debug("object %d: the mask from the check by motion could not be carried", tr.obj_id)
