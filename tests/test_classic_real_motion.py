@@ -742,6 +742,43 @@ def test_a_box_mask_is_the_majority_of_several_grabcut_runs(monkeypatch) -> None
     assert len(runs) == 1 and single[strays[0]].all()  # without the vote, the stray region stays
 
 
+def test_every_grabcut_run_of_a_vote_starts_from_the_given_labels(monkeypatch) -> None:
+    """grabCut writes its result into the labels it is given.  The crop of a region of interest as wide as the frame
+    is a view of the caller's labels, so each run of a vote started from the previous run's result (the runs were
+    not independent) and the caller's labels were overwritten."""
+    import vostream.stages.trackers.classic.segment as segment
+
+    img, truth = _kite_surfer(1)
+    init = np.full((H, W), cv2.GC_PR_BGD, np.uint8)
+    x0, y0, x1, y1 = (int(v) for v in _box(truth))
+    init[y0:y1, x0:x1] = cv2.GC_PR_FGD  # the box: grabCut takes the sea in it out
+    given = init.copy()
+    starts: list[np.ndarray] = []
+    real = cv2.grabCut
+
+    def spy(crop, sub, rect, bgd, fgd, iters, mode):
+        starts.append(sub.copy())
+        real(crop, sub, rect, bgd, fgd, iters, mode)
+
+    monkeypatch.setattr(segment.cv2, "grabCut", spy)
+    segment._grabcut(img, init, (0, 10, W, H - 10), votes=3)  # the whole width
+    assert len(starts) == 3
+    for start in starts:
+        assert (start == given[10 : H - 10]).all()
+    assert (init == given).all()
+    # the premise: grabCut does change the labels
+    sub = given[10 : H - 10].copy()
+    real(
+        np.ascontiguousarray(img[10 : H - 10]),
+        sub,
+        (0, 0, 0, 0),
+        *np.zeros((2, 1, 65)),
+        3,
+        cv2.GC_INIT_WITH_MASK,
+    )
+    assert (sub != given[10 : H - 10]).any()
+
+
 WATER = np.array([[40, 90, 140], [70, 120, 170], [200, 220, 235], [30, 70, 110]], np.float32)
 
 

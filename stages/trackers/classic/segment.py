@@ -87,7 +87,7 @@ def _grabcut(
     crop = np.ascontiguousarray(img[y0:y1, x0:x1])
     count = np.zeros((y1 - y0, x1 - x0), np.int32)
     for _ in range(votes):
-        sub = np.ascontiguousarray(init[y0:y1, x0:x1])
+        sub = init[y0:y1, x0:x1].copy()  # grabCut writes its labels here: each run starts from ``init``
         bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
         try:
             cv2.grabCut(
