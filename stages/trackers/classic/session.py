@@ -180,7 +180,7 @@ def _moving_part(ref: np.ndarray, mask: np.ndarray) -> bool:
     (``PART_INSIDE``) and under ``MIN_KEEP`` of it, which ``refine_box_by_motion`` returns only when what it dropped
     is surely background.  Such a part is applied at a click's first estimate and carried by its own motion."""
     n = int(np.count_nonzero(ref))
-    return 0 < n < MIN_KEEP * np.count_nonzero(mask) and np.count_nonzero(ref & mask) >= PART_INSIDE * n
+    return bool(0 < n < MIN_KEEP * np.count_nonzero(mask) and np.count_nonzero(ref & mask) >= PART_INSIDE * n)
 
 
 def _mask_logits(mask: np.ndarray) -> np.ndarray:
