@@ -64,8 +64,8 @@ DECOY_FRAMES = 30  # for this many frames the search for the lost object skips w
 #: 0.655 -> 0.661, from a box 0.616 -> 0.621 (0.02: same; 0.15: 0.655 / 0.620)
 MAX_HOLE = 0.05
 CARRIED = 0.7
-#: a check's result that lies within the prompt's mask (this fraction of it) and keeps under MIN_KEEP of it
-#: (``_moving_part``)
+#: a check's result with at least this fraction of it inside the prompt's mask, and under MIN_KEEP of that mask, is
+#: the object's moving part beside a larger static look-alike (``_moving_part``)
 PART_INSIDE = 0.9
 #: a click whose region the motion does not grow is checked like a box prompt, in its mask's box padded by this
 CLICK_FALLBACK_PAD = 0.1
@@ -732,9 +732,8 @@ class ClassicSession(TrackerSession):
                     tr.check = None  # the region moving with the click is its mask: nothing to confirm later
                     return
                 elif _moving_part(ref, mc.mask):
-                    tr.check = (
-                        None  # no growth to confirm, and by the next estimate the track sits on the rest
-                    )
+                    # nothing grown to confirm; applied now, as by the next estimate the track sits on the rest
+                    tr.check = None
                 else:
                     mc.first = ref
                     return
