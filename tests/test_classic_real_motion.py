@@ -348,9 +348,8 @@ def test_a_click_region_mostly_on_a_static_look_alike_moves_with_the_object(monk
         imgs.append(img)
         masks.append(on)
     clicked = masks[0] | sign
-    assert (
-        0.3 < masks[0].sum() / clicked.sum() < 0.5
-    )  # the premise: the object is under half the click's region
+    # the premise: the object is under half the click's region
+    assert 0.3 < masks[0].sum() / clicked.sum() < 0.5
     monkeypatch.setattr(session_mod, "mask_from_points", lambda *a, **k: clicked.copy())
     click = Prompt(1, 0, np.array([[252, 133]], np.float32), np.array([1], np.int32))
     out: list[np.ndarray] = []
@@ -385,7 +384,7 @@ def test_a_box_search_region_that_repeat_runs_do_not_reproduce_is_not_taken(monk
     def scripted(img_, box, pos, neg):
         key = tuple(int(v) for v in box)
         calls[key] = calls.get(key, 0) + 1
-        largest = box[3] - box[1] >= 2 * 0.4 * min(h, w)
+        largest = box[3] - box[1] > 2 * segment.SCALES[-2] * min(h, w)
         return obj | beside if largest and (calls[key] == 1 or reproduced) else obj.copy()
 
     monkeypatch.setattr(segment, "_coarse_box_mask", scripted)
