@@ -360,46 +360,6 @@ def test_a_click_region_mostly_on_a_static_look_alike_moves_with_the_object(monk
     assert max(np.count_nonzero(m & sign) for m in out[3:]) < 0.1 * np.count_nonzero(sign)
 
 
-@pytest.mark.parametrize("reproduced", [False, True])
-def test_a_box_search_region_that_repeat_runs_do_not_reproduce_is_not_taken(monkeypatch, reproduced) -> None:
-    """DAVIS motorbike, scooter-black: with one RNG draw, grabCut in the click's largest search box took in a
-    background region that other draws leave out, and the click started half on the background.  The best
-    candidate is taken only when 2 more runs in its box reproduce it; else the next best.  grabCut is scripted
-    here (which draw takes what is not controllable on a real image): the largest boxes' first run takes a red
-    region beside the object, their repeat runs take it again or not; every other box gives the object."""
-    import vostream.stages.trackers.classic.segment as segment
-    from vostream.stages.trackers.classic.appearance import quantise
-
-    w, h = 480, 270
-    rng = np.random.default_rng(4)
-    img = _texture(rng, h, w, 14)
-    obj = np.zeros((h, w), bool)
-    cv2.circle(obj.view(np.uint8), (240, 135), 12, 1, -1)
-    beside = np.zeros((h, w), bool)
-    beside[115:156, 250:310] = True  # joins the object; only the largest boxes hold it
-    beside &= ~obj
-    img[obj | beside] = (200, 40, 40)
-    calls: dict[tuple[int, ...], int] = {}
-
-    def scripted(img_, box, pos, neg):
-        key = tuple(int(v) for v in box)
-        calls[key] = calls.get(key, 0) + 1
-        largest = box[3] - box[1] > 2 * segment.SCALES[-2] * min(h, w)
-        return obj | beside if largest and (calls[key] == 1 or reproduced) else obj.copy()
-
-    monkeypatch.setattr(segment, "_coarse_box_mask", scripted)
-    click = np.array([[240, 135]], np.float32)
-    none = np.zeros((0, 2), np.float32)
-    found = segment._scale_search(img, quantise(img), click, none)
-    assert found is not None
-    assert found[beside].any() == reproduced, int(found[beside].sum())
-    assert found[obj].all()
-    if not reproduced:  # the premise: without the repeat runs the largest box's region wins
-        calls.clear()
-        monkeypatch.setattr(segment, "REPEAT_AGREE", 0.0)
-        assert segment._scale_search(img, quantise(img), click, none)[beside].all()
-
-
 def test_checks_by_motion_with_skipped_frames_a_size_change_and_two_objects(two_part) -> None:
     """The checks count processed frames, share their flow between objects prompted on one frame, and are dropped
     (not crashed) when the frame size changes before they run."""

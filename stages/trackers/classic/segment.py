@@ -130,14 +130,6 @@ DISTINCT_WEIGHT = 4.0
 OWN_DISTINCT = 0.95
 COLOUR_MARGIN = 0.2
 COARSE_PIXELS = 12_000  # candidates in larger boxes are segmented on a shrunk image
-# grabCut starts from a random draw, and in a box that holds much background one run can take in a background
-# region that other runs leave out.  The best candidate is taken only when 2 more runs in its box reproduce it
-# (their majority with it: IoU >= REPEAT_AGREE), else the next best is tried (at most REPEAT_TRIES; then the colour
-# region under the click stays).  Chosen on the DAVIS-2016 dev split, 3 seeds: frames with the mask mostly off a
-# clicked object 6.4 % -> 5.9 % (motorbike and scooter-black no longer start half on the background in one seed),
-# J 0.556 -> 0.557; 0.06 s more per click (0.9: hike's whole body failed it, frame-0 IoU 0.84 -> 0.50).
-REPEAT_AGREE = 0.8
-REPEAT_TRIES = 3  # on the dev split no click needed more than 2
 
 
 def _coarse_box_mask(
@@ -165,11 +157,10 @@ def _coarse_box_mask(
 
 
 def _scale_search(img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np.ndarray) -> np.ndarray | None:
-    """The object under the click, from grabCut in boxes of several sizes around it; None when no box holds one
-    that repeat runs reproduce (``REPEAT_AGREE``)."""
+    """The object under the click, from grabCut in boxes of several sizes around it; None when no box holds one."""
     h, w = qidx.shape
     cx, cy = pos.mean(axis=0)
-    cands: list[tuple[float, np.ndarray, tuple[float, float, float, float]]] = []
+    best: tuple[float, np.ndarray] | None = None
     for aspect in ASPECTS:
         for frac in SCALES:
             r = frac * min(h, w)
@@ -197,16 +188,9 @@ def _scale_search(img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np.nd
                 score,
             )
             need = MIN_DISTINCT_LARGE if frac >= LARGE else MIN_DISTINCT
-            if touch < MAX_TOUCH and distinct >= need:
-                cands.append((score, m, box))
-    for score, m, box in sorted(cands, key=lambda c: -c[0])[:REPEAT_TRIES]:
-        again = [_component_at(_coarse_box_mask(img, box, pos, neg), pos) for _ in range(2)]
-        major = m.astype(np.uint8) + again[0] + again[1] >= 2
-        agree = float((major & m).sum() / max(1, (major | m).sum()))
-        logger.debug("candidate of score %.2f: repeat runs agree %.2f", score, agree)
-        if agree >= REPEAT_AGREE:
-            return m
-    return None
+            if touch < MAX_TOUCH and distinct >= need and (best is None or score > best[0]):
+                best = (score, m)
+    return None if best is None else best[1]
 
 
 def mask_from_points(
@@ -461,8 +445,8 @@ MOVING_FACTOR = 1.5  # a pixel moves when its residual exceeds this x the 90th p
 MIN_KEEP = 0.5  # the checked mask keeps at least this fraction of the box mask (else: a flow failure) ...
 # ... unless at least SURE_DROP of what it drops is surely background (textured, moving just like the background):
 # then the mask ran into a static look-alike larger than the object's moving part (DAVIS drift-chicane: a click on
-# a car's red stripe took the red-rimmed sign in front of it, the sign the larger part; click wrong-object rate 5.9 %
-# -> 3.6 % over 3 seeds, with the session's handling of such a part, ``session._moving_part``).  A flat object whose
+# a car's red stripe took the red-rimmed sign in front of it, the sign the larger part; click wrong-object rate 6.4 %
+# -> 4.3 % over 3 seeds, with the session's handling of such a part, ``session._moving_part``).  A flat object whose
 # flow follows its surroundings drops untextured pixels, and is still rejected.
 SURE_DROP = 0.5
 STATIC_FACTOR = 0.25  # textured pixels with a residual under this x that percentile are surely background
