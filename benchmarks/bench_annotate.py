@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vostream.pipeline.apps.annotate.batch import AnnotateOptions, run_annotate
+from vostream.apps.annotate.batch import AnnotateOptions, run_annotate
 from vostream.samples.scenes import render_scene, write_scene
 
 logger = logging.getLogger("bench_annotate")
@@ -168,7 +168,7 @@ def run(root: Path, label: str, ray: bool = False, **options: Any) -> dict[str, 
 
 def worker_startup(options: AnnotateOptions, ray: bool = False) -> float:
     """Seconds from starting the executor until every worker (process or actor) has its tracker loaded."""
-    from vostream.pipeline.apps.annotate.batch import _make_executor
+    from vostream.apps.annotate.batch import _make_executor
 
     executor = _make_executor(options, options.track_options())
     t0 = time.perf_counter()
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             if not args.no_ray:
-                from vostream.pipeline.apps.annotate.ray_executor import start_local_ray
+                from vostream.apps.annotate.ray_executor import start_local_ray
 
                 t0 = time.perf_counter()
                 ray_mod = start_local_ray(2)  # num_cpus=2, 200 MiB object store, no dashboard

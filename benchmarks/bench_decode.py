@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import cv2
 
-    from vostream.pipeline.apps.track import opencv_threads
+    from vostream.apps.track import opencv_threads
 
     cv2.setNumThreads(opencv_threads(args.opencv_threads))
     work = args.dir or Path(tempfile.mkdtemp(prefix="vostream-bench-"))

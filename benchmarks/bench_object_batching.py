@@ -27,7 +27,7 @@ def main() -> None:
     import torch
     from transformers import Sam2VideoConfig, Sam2VideoModel
 
-    from vostream.pipeline.apps.export.families import FAMILIES, resize_config
+    from vostream.apps.export.families import FAMILIES, resize_config
 
     s, g = args.size, args.size // 16
     cfg = Sam2VideoConfig()

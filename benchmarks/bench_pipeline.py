@@ -616,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args(argv)
     if args.workload.startswith("track") and "--cv-threads" not in (argv or sys.argv[1:]):
-        from vostream.pipeline.apps.track import opencv_threads
+        from vostream.apps.track import opencv_threads
 
         args.cv_threads = opencv_threads(None)  # what `vostream track` uses on this machine
     logging.basicConfig(level=logging.WARNING)

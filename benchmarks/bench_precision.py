@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sam2_reference as ref  # noqa: E402
 
-from vostream.pipeline.apps.export import export_model  # noqa: E402
-from vostream.pipeline.apps.export.precision import compare_exports, graph_bytes, read_clip  # noqa: E402
+from vostream.apps.export import export_model  # noqa: E402
+from vostream.apps.export.precision import compare_exports, graph_bytes, read_clip  # noqa: E402
 from vostream.pipeline.types import Prompt  # noqa: E402
 from vostream.samples.scenes import render_scene, write_scene  # noqa: E402
 from vostream.stages.trackers.sam2.manifest import load_manifest  # noqa: E402

@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("apt-get") is None:
         print("bench_real needs apt-get (Debian) to fetch the opencv-doc package", file=sys.stderr)
         return 2
-    from vostream.pipeline.apps.config import TrackSettings
-    from vostream.pipeline.apps.track import run_track
+    from vostream.apps.config import TrackSettings
+    from vostream.apps.track import run_track
     from vostream.pipeline.types import Prompt
 
     clips = fetch(args.cache)

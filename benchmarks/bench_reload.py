@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from media import square_box, square_frame  # noqa: E402
 
-from vostream.pipeline.apps.assemble import assemble_track  # noqa: E402
+from vostream.apps.assemble import assemble_track  # noqa: E402
 from vostream.pipeline.scheduler import RoundRobinScheduler  # noqa: E402
 from vostream.pipeline.stage import Sink, SinkSpec, Source  # noqa: E402
 from vostream.pipeline.types import Frame, Prompt  # noqa: E402
@@ -118,7 +118,7 @@ class RecordSpec(SinkSpec[Frame]):
 def tiny_model(tmp: Path) -> Path:
     import sam2_reference as ref
 
-    from vostream.pipeline.apps.export import export_model
+    from vostream.apps.export import export_model
 
     ckpt = ref.save_tiny("sam2", tmp / "ckpt")
     export_model(str(ckpt), tmp / "export")

@@ -39,8 +39,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import sam2_reference as ref  # noqa: E402
 
-from vostream.pipeline.apps.export import export_model  # noqa: E402
-from vostream.pipeline.apps.export.families import FAMILIES, resize_config  # noqa: E402
+from vostream.apps.export import export_model  # noqa: E402
+from vostream.apps.export.families import FAMILIES, resize_config  # noqa: E402
 from vostream.pipeline.types import Frame, Prompt  # noqa: E402
 from vostream.stages.trackers.sam2 import OnnxTracker  # noqa: E402
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from media import make_video, square_frames  # noqa: E402
 from rtsp_server import RtspServer, server_available  # noqa: E402
 
-CLI = [sys.executable, "-m", "vostream.pipeline.apps.cli"]
+CLI = [sys.executable, "-m", "vostream.apps.cli"]
 W, H, FPS = 854, 480, 30
 
 
@@ -133,7 +133,7 @@ def one_way(
 def tiny_model(tmp: Path) -> Path:
     import sam2_reference as ref
 
-    from vostream.pipeline.apps.export import export_model
+    from vostream.apps.export import export_model
 
     ckpt = ref.save_tiny("sam2", tmp / "ckpt")
     export_model(str(ckpt), tmp / "export")

@@ -44,8 +44,9 @@ from typing import Any
 logger = logging.getLogger("bench_viewer")
 ROOT = Path(__file__).resolve().parents[1]
 
-# the package layout (pyproject's package-dir): a namespace folder makes an unpacked tree importable as vostream
-_LAYOUT = {"pipeline": "pipeline", "stages": "stages", "sinks": "sinks", "web": "web", "samples": "samples"}
+# revisions before the vostream/ folder mapped pipeline/api to `vostream` (package-dir); a namespace folder of links
+# makes such an unpacked tree importable
+_OLD_LAYOUT = ("pipeline", "stages", "sinks", "web", "samples")
 
 
 # -- the server child ---------------------------------------------------------------------------------------------
@@ -78,7 +79,7 @@ def child_main(media_root: str, source: str) -> int:
         import cv2
 
         cv2.setNumThreads(int(os.environ["VOSTREAM_BENCH_CV_THREADS"]))
-    from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
+    from vostream.apps.serve.server import ServerConfig, ServerThread
 
     with ServerThread(ServerConfig(port=0, media_root=media_root, default_source=source)) as server:
         print(json.dumps({"url": server.url}), flush=True)
@@ -157,30 +158,23 @@ class ServerProc:
 
 
 def unpack_revision(rev: str, dest: Path) -> str:
-    """``git archive`` revision ``rev`` into ``dest/tree`` and lay out ``dest/ns/vostream``; returns the
-    PYTHONPATH that imports it."""
-    tree, ns = dest / "tree", dest / "ns" / "vostream"
+    """``git archive`` revision ``rev`` into ``dest/tree``; returns the PYTHONPATH that imports it as ``vostream``
+    (for a revision of the old layout, through a namespace folder ``dest/ns/vostream`` of links)."""
+    tree = dest / "tree"
     tree.mkdir(parents=True)
-    ns.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
     tar_path = dest / "tree.tar"
     tar_path.write_bytes(archive)
     with tarfile.open(tar_path) as tar:
         tar.extractall(tree, filter="data")
     tar_path.unlink()
-    for name, folder in _LAYOUT.items():
-        (ns / name).symlink_to(tree / folder)
-    (ns / "__init__.py").symlink_to(tree / "pipeline" / "api" / "__init__.py")
-    return str(dest / "ns")
-
-
-def current_pythonpath(dest: Path) -> str:
-    """The PYTHONPATH that imports this checkout as ``vostream`` (whatever is installed)."""
+    if (tree / "vostream" / "__init__.py").exists():
+        return str(tree)
     ns = dest / "ns" / "vostream"
     ns.mkdir(parents=True)
-    for name, folder in _LAYOUT.items():
-        (ns / name).symlink_to(ROOT / folder)
-    (ns / "__init__.py").symlink_to(ROOT / "pipeline" / "api" / "__init__.py")
+    for name in _OLD_LAYOUT:
+        (ns / name).symlink_to(tree / name)
+    (ns / "__init__.py").symlink_to(tree / "pipeline" / "api" / "__init__.py")
     return str(dest / "ns")
 
 
@@ -407,7 +401,7 @@ def main() -> int:
     from vostream.samples.scenes import render_scene, write_scene
 
     work = Path(tempfile.mkdtemp(prefix="vostream-bench-viewer-"))
-    variants = {"current": current_pythonpath(work / "current")}
+    variants = {"current": str(ROOT)}  # the checkout imports as vostream from its root
     if args.baseline:
         variants = {"baseline": unpack_revision(args.baseline, work / "baseline"), **variants}
     vw, vh = (int(v) for v in args.viewport.split("x"))

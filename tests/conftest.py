@@ -24,7 +24,7 @@ def sam2_tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple
             pytest.importorskip("transformers")
             import sam2_reference as ref
 
-            from vostream.pipeline.apps.export import export_model
+            from vostream.apps.export import export_model
 
             root = tmp_path_factory.mktemp(f"sam2_{family}")
             ckpt = ref.save_tiny(family, root / "ckpt")

@@ -2275,7 +2275,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import fake_atc
 
-    from vostream.pipeline.apps.cli import main as vostream_main
+    from vostream.apps.cli import main as vostream_main
 
     argv = sys.argv[1:] if argv is None else argv
     with tempfile.TemporaryDirectory(prefix="fake-acl-") as tmp:

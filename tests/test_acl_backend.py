@@ -426,8 +426,8 @@ def test_pipeline_stops_on_device_error_and_closes_outputs(
     import av
     from media import make_video, square_frames, square_mask
 
-    from vostream.pipeline.apps.config import TrackSettings
-    from vostream.pipeline.apps.track import build_track_pipeline
+    from vostream.apps.config import TrackSettings
+    from vostream.apps.track import build_track_pipeline
 
     w, h, n = 96, 64, 12
     video = make_video(tmp_path / "clip.mp4", square_frames(n, w, h, step=2), fps=25)
@@ -477,7 +477,7 @@ def test_cli_names_the_stage_of_a_device_error(
     """What a user sees when the device fails mid-run: one line with the ACL call, the code and the stage."""
     from media import make_video, square_frames, square_mask
 
-    from vostream.pipeline.apps.cli import main
+    from vostream.apps.cli import main
 
     w, h, n = 96, 64, 12
     video = make_video(tmp_path / "clip.mp4", square_frames(n, w, h, step=2), fps=25)

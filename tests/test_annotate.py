@@ -22,7 +22,7 @@ from pycocotools import mask as mask_utils
 
 from vostream.samples.scenes import render_scene, score_sequence, write_scene
 
-CLI = [sys.executable, "-m", "vostream.pipeline.apps.cli"]
+CLI = [sys.executable, "-m", "vostream.apps.cli"]
 ALL = "json,png,mot,video"
 #: (scene, width, height, frames, key): sizes where the classic tracker keeps IoU >= 0.85 on that scene
 SCENES = [
@@ -174,7 +174,7 @@ def test_workers_2_give_the_same_files(batch, reference):
 
 
 def test_rerun_skips_done_redoes_partial_and_force_redoes_all(batch, reference):
-    from vostream.pipeline.apps.annotate.batch import AnnotateOptions, run_annotate
+    from vostream.apps.annotate.batch import AnnotateOptions, run_annotate
 
     out = batch / "resume"
     shutil.copytree(reference[0], out)
@@ -403,7 +403,7 @@ def test_corrupt_video_and_unprompted_video_are_reported_others_finish(tmp_path)
 
 
 def _cli_error(capsys, tmp_path, vids, prompts_name, text, *extra):
-    from vostream.pipeline.apps.cli import main
+    from vostream.apps.cli import main
 
     pf = tmp_path / prompts_name
     pf.write_text(text)
@@ -504,7 +504,7 @@ def test_prompts_file_errors_name_the_entry(capsys, tmp_path, small_vids, name, 
 
 
 def test_inputs_dirs_lists_dedupe_and_deterministic_names(tmp_path, small_vids):
-    from vostream.pipeline.apps.annotate.inputs import discover_videos
+    from vostream.apps.annotate.inputs import discover_videos
 
     lst = tmp_path / "videos.txt"
     lst.write_text(f"# a comment\n\n{small_vids / 'solo.mp4'}\n")
@@ -531,7 +531,7 @@ def test_inputs_dirs_lists_dedupe_and_deterministic_names(tmp_path, small_vids):
 
 
 def test_manifest_detects_tampering_and_clean_removes_only_outputs(tmp_path):
-    from vostream.pipeline.apps.annotate.manifest import clean_outputs, verify_manifest, write_manifest
+    from vostream.apps.annotate.manifest import clean_outputs, verify_manifest, write_manifest
 
     d = tmp_path / "v"
     (d / "masks").mkdir(parents=True)
@@ -558,7 +558,7 @@ def test_manifest_detects_tampering_and_clean_removes_only_outputs(tmp_path):
 def test_each_worker_gets_its_share_of_the_cores(monkeypatch, cores, workers, opencv, codec):
     """Workers, not one video's threads, fill the cores: OpenCV threads per stage and FFmpeg threads per decoder
     and encoder are divided by the number of workers (one worker: FFmpeg picks); flags win."""
-    from vostream.pipeline.apps.annotate.batch import AnnotateOptions
+    from vostream.apps.annotate.batch import AnnotateOptions
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     track = AnnotateOptions(inputs=["x"], prompts="p.csv", out="o", workers=workers).track_options()
@@ -574,8 +574,8 @@ def test_worker_processes_start_with_numpy_thread_limits(monkeypatch):
     like its OpenCV threads, except variables the user set, which it inherits unchanged."""
     import psutil
 
-    from vostream.pipeline.apps.annotate.job import TrackOptions
-    from vostream.pipeline.apps.annotate.local_executor import LocalExecutor
+    from vostream.apps.annotate.job import TrackOptions
+    from vostream.apps.annotate.local_executor import LocalExecutor
 
     for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
@@ -599,7 +599,7 @@ def test_codec_threads_below_one_is_a_config_error(tmp_path, small_vids):
 
 
 def test_ray_missing_or_bad_options_are_config_errors(tmp_path, small_vids, capsys):
-    from vostream.pipeline.apps.cli import main
+    from vostream.apps.cli import main
 
     pf = tmp_path / "p.csv"
     pf.write_text("video,frame,obj_id,x,y,label\nsolo.mp4,0,1,10,10,1\n")
@@ -619,7 +619,7 @@ def test_ray_missing_or_bad_options_are_config_errors(tmp_path, small_vids, caps
 @pytest.fixture(scope="module")
 def ray_address():
     pytest.importorskip("ray", reason="Ray is the [ray] extra: pip install -e '.[ray]'")
-    from vostream.pipeline.apps.annotate.ray_executor import start_local_ray
+    from vostream.apps.annotate.ray_executor import start_local_ray
 
     ray = start_local_ray(2)
     try:

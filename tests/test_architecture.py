@@ -5,15 +5,16 @@ folder names alone."""
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("pipeline", "stages", "sinks", "web", "samples")
+PACKAGE = ROOT / "vostream"  # the package; the other code folders are linked into it
 
-CORE = "vostream.pipeline"  # the engine and contracts: vostream.pipeline.* except vostream.pipeline.apps
-APPS = "vostream.pipeline.apps"
+CORE = "vostream.pipeline"  # the engine and contracts
+APPS = "vostream.apps"
 
 #: (module prefix, what its modules may import from vostream); the first matching prefix applies
 RULES: list[tuple[str, tuple[str, ...]]] = [
@@ -41,13 +42,11 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
 
 
 def module_name(path: Path) -> str:
-    if path == ROOT / "pipeline" / "api" / "__init__.py":
-        return "vostream"  # the facade, installed as the top-level package (pyproject's package-dir)
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = list(rel.parts)
+    """The module a file under ``vostream/`` is: its path, dots for slashes (one rule, no exception)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(["vostream", *parts])
+    return ".".join(parts)
 
 
 def imports_of(path: Path, name: str) -> list[tuple[int, str]]:
@@ -88,9 +87,12 @@ def allowed(importer: str, imported: str) -> bool:
 
 
 def product_modules() -> list[Path]:
-    return sorted(
-        p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts
-    )
+    """Every module of the package, through the links (``os.walk`` follows them; the paths keep the link names)."""
+    found = []
+    for folder, dirs, files in os.walk(PACKAGE, followlinks=True):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        found += [Path(folder) / f for f in files if f.endswith(".py")]
+    return sorted(found)
 
 
 def test_every_module_follows_its_folders_import_rule():
@@ -108,12 +110,12 @@ def test_every_module_follows_its_folders_import_rule():
     [
         ("vostream.pipeline.engine", "vostream.pipeline.types", True),
         ("vostream.pipeline.engine", "vostream.stages.track", False),
-        ("vostream.pipeline.engine", "vostream.pipeline.apps.track", False),
+        ("vostream.pipeline.engine", "vostream.apps.track", False),
         ("vostream.sinks.rtsp", "vostream.stages.sources.live", False),
         ("vostream.stages.sources.live", "vostream.pipeline.reconnect", True),
         ("vostream.stages.trackers.sam2.backends.acl", "vostream.stages.trackers.sam2", False),
-        ("vostream.stages.track", "vostream.pipeline.apps.prompts", False),
-        ("vostream.pipeline.apps.serve.session", "vostream.sinks.websocket", True),
+        ("vostream.stages.track", "vostream.apps.prompts", False),
+        ("vostream.apps.serve.session", "vostream.sinks.websocket", True),
     ],
 )
 def test_the_rules_themselves(importer, imported, ok):
@@ -122,7 +124,7 @@ def test_the_rules_themselves(importer, imported, ok):
 
 
 def test_the_checker_sees_imports_inside_functions(tmp_path):
-    mod = ROOT / "pipeline" / "engine.py"
+    mod = PACKAGE / "pipeline" / "engine.py"
     names = [m for _, m in imports_of(mod, "vostream.pipeline.engine")]
     assert "vostream.pipeline.errors" in names  # a relative, module-level import resolved
     src = tmp_path / "x.py"

@@ -27,8 +27,8 @@ import fake_acl as acl_fake
 import fake_atc as fake_atc_module
 from onnx import TensorProto, helper, numpy_helper
 
-from vostream.pipeline.apps import doctor
-from vostream.pipeline.apps.export import atc
+from vostream.apps import doctor
+from vostream.apps.export import atc
 from vostream.pipeline.errors import BackendError, ConfigError
 from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec, load_manifest
 

@@ -17,7 +17,7 @@ from media import copy_to, make_frame_dir, make_video, moving_square_clip, squar
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-CLI = [sys.executable, "-m", "vostream.pipeline.apps.cli"]
+CLI = [sys.executable, "-m", "vostream.apps.cli"]
 W, H, N = 160, 96, 30
 
 

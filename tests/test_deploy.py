@@ -15,8 +15,8 @@ from media import make_video, square_frames, square_mask
 from rtsp_server import RtspServer, server_available
 from waiting import wait_until
 
-from vostream.pipeline.apps import deploy
-from vostream.pipeline.apps.cli import main
+from vostream.apps import deploy
+from vostream.apps.cli import main
 from vostream.pipeline.errors import ConfigError
 from vostream.pipeline.scheduler import RoundRobinScheduler, SchedulerClosed
 from vostream.stages.trackers import load_tracker

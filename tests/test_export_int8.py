@@ -29,8 +29,8 @@ import numpy as np
 import onnx
 from media import moving_square_clip, square_mask
 
-from vostream.pipeline.apps.cli import main
-from vostream.pipeline.apps.export import atc, export_model, precision
+from vostream.apps.cli import main
+from vostream.apps.export import atc, export_model, precision
 from vostream.pipeline.errors import BackendError, ConfigError
 from vostream.pipeline.types import Prompt
 from vostream.stages.trackers.sam2.manifest import GRAPHS, load_manifest
@@ -301,7 +301,7 @@ def test_calibration_clip_too_short_for_memory_attention(int8_export: dict[str, 
 
 
 def test_doctor_model_reports_the_measured_precision(int8_export: dict[str, Any]) -> None:
-    from vostream.pipeline.apps import doctor
+    from vostream.apps import doctor
 
     checks = {c.name: c for c in doctor.check_model(int8_export["out"], None)}
     assert checks["model"].status == "OK" and "int8-qdq" in checks["model"].detail

@@ -473,7 +473,7 @@ def test_track_waits_for_a_source_that_is_not_up_yet(
 ) -> None:
     """``--wait-for-source``: `track` started before the server retries the first connection and runs once the
     server appears; without it (or once the wait is over) it fails in one line."""
-    from vostream.pipeline.apps.cli import main
+    from vostream.apps.cli import main
 
     server = RtspServer(scene_clip())
     with socket.socket() as s:

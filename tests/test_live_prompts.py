@@ -26,8 +26,8 @@ from PIL import Image
 from rtsp_server import RtspServer, server_available, serving
 from test_live import write_clip
 
-from vostream.pipeline.apps.config import TrackSettings
-from vostream.pipeline.apps.live_prompts import PromptTimer, TimedPrompt, load_live_prompts
+from vostream.apps.config import TrackSettings
+from vostream.apps.live_prompts import PromptTimer, TimedPrompt, load_live_prompts
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.types import Prompt, RemoveObject
 from vostream.samples.scenes import iou, render_scene
@@ -210,7 +210,7 @@ def test_after_s_object_appears_from_about_the_right_frame(
     wall clock: the source's frames are recorded (index, wall time when ``_make_frame`` returned) to know which one
     that was.  Not the frames' capture times: those are on the stream's clock, earlier than delivery when the feed
     lags, and the timer fires by delivery (it prompts the next frame the source will deliver)."""
-    from vostream.pipeline.apps.track import run_track
+    from vostream.apps.track import run_track
     from vostream.stages.sources.live import LiveSource
 
     decoded: dict[int, list[tuple[int, float]]] = {}
@@ -302,7 +302,7 @@ def test_cli_bad_live_prompts_file_one_line_error(rtsp_server: RtspServer, tmp_p
             [
                 sys.executable,
                 "-m",
-                "vostream.pipeline.apps.cli",
+                "vostream.apps.cli",
                 "track",
                 rtsp_server.url,
                 "--prompts",

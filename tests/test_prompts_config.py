@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vostream.pipeline.apps.cli import build_parser, prompts_from_tokens
-from vostream.pipeline.apps.config import load_config, merge_settings
-from vostream.pipeline.apps.prompts import check_prompt_sequence, load_prompts_file
+from vostream.apps.cli import build_parser, prompts_from_tokens
+from vostream.apps.config import load_config, merge_settings
+from vostream.apps.prompts import check_prompt_sequence, load_prompts_file
 from vostream.pipeline.errors import ConfigError, PromptError
 from vostream.pipeline.types import Prompt, RemoveObject
 
@@ -206,7 +206,7 @@ def test_object_ids_are_1_to_255_at_every_entry_point(tmp_path, obj):
 
 
 def test_a_run_holds_at_most_max_objects(monkeypatch):
-    import vostream.pipeline.apps.prompts as prompts_mod
+    import vostream.apps.prompts as prompts_mod
 
     monkeypatch.setattr(prompts_mod, "MAX_OBJECTS", 3)
     three = [Prompt(i, i, [[1, 1]], [1]) for i in (1, 2, 3)]

@@ -27,8 +27,8 @@ from PIL import Image
 from rtsp_server import RtspServer, server_available
 from waiting import wait_until
 
-from vostream.pipeline.apps import deploy
-from vostream.pipeline.apps.model_watch import ModelWatcher, directory_signature
+from vostream.apps import deploy
+from vostream.apps.model_watch import ModelWatcher, directory_signature
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 from vostream.stages.trackers.base import InputSpec, Tracker, TrackerSession
@@ -635,8 +635,8 @@ def serve_client(port: int) -> Iterator[tuple[Any, Any, Any, dict]]:
 def test_serve_reload_message_round_trip(clip, model_dir):
     import urllib.request
 
-    from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
-    from vostream.pipeline.apps.serve.session import SessionOptions
+    from vostream.apps.serve.server import ServerConfig, ServerThread
+    from vostream.apps.serve.session import SessionOptions
 
     options = SessionOptions(backend="onnx", tracker_options={"model": str(model_dir)})
     cfg = ServerConfig(port=0, media_root=str(clip.parent), allow_reload=True, session=options)
@@ -676,7 +676,7 @@ def test_serve_reload_message_round_trip(clip, model_dir):
 
 
 def test_serve_refuses_reload_unless_allowed(clip):
-    from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
+    from vostream.apps.serve.server import ServerConfig, ServerThread
 
     with ServerThread(ServerConfig(port=0, media_root=str(clip.parent))) as st:
         with serve_client(st.port) as (send, recv, _, caps):
@@ -690,7 +690,7 @@ def test_serve_refuses_reload_unless_allowed(clip):
 def test_the_reload_message_parses_and_takes_no_fields():
     import msgpack
 
-    from vostream.pipeline.apps.serve.protocol import ProtocolError, Reload, parse_client_message
+    from vostream.apps.serve.protocol import ProtocolError, Reload, parse_client_message
 
     assert parse_client_message(msgpack.packb({"t": "reload"})) == Reload()
     with pytest.raises(ProtocolError) as info:
@@ -707,7 +707,7 @@ def test_sighup_reloads_a_running_vostream_serve(clip, model_dir):
 
     proc = subprocess.Popen(
         [
-            *(sys.executable, "-m", "vostream.pipeline.apps.cli", "serve", str(clip)),
+            *(sys.executable, "-m", "vostream.apps.cli", "serve", str(clip)),
             *("--backend", "onnx", "--model", str(model_dir), "--port", "0"),
         ],
         stdout=subprocess.PIPE,

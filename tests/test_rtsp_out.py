@@ -209,7 +209,7 @@ def test_cli_track_rtsp_in_rtsp_out(
 ) -> None:
     from test_live import scene
 
-    from vostream.pipeline.apps.cli import main
+    from vostream.apps.cli import main
 
     x, y = scene().click(1)
     with RtspServer(scene_clip()) as server:

@@ -25,8 +25,8 @@ from media import copy_to, moving_square_clip, square_mask
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-from vostream.pipeline.apps.cli import build_parser, main
-from vostream.pipeline.apps.config import merge_settings, tracker_options
+from vostream.apps.cli import build_parser, main
+from vostream.apps.config import merge_settings, tracker_options
 from vostream.pipeline.errors import ConfigError
 
 W, H, N = 96, 64, 8
@@ -234,7 +234,7 @@ def test_annotate_and_serve_load_the_onnx_backend(
     (ann,) = json.loads((tmp_path / "ann" / "walk" / "annotations.json").read_text())["annotations"]
     assert len(ann["segmentations"]) == N
 
-    from vostream.pipeline.apps.serve.server import serve_config
+    from vostream.apps.serve.server import serve_config
     from vostream.stages.trackers import load_tracker
     from vostream.stages.trackers.sam2 import Sam2Tracker
 

@@ -129,7 +129,7 @@ def test_export_at_another_image_size_matches_the_reference_at_that_size(
 ) -> None:
     """``export --image-size``: the same weights run at another input size.  The reference model at that size is
     built from the test harness's own config (field by field), not from the exporter's resizing."""
-    from vostream.pipeline.apps.export import export_model
+    from vostream.apps.export import export_model
 
     ckpt, _ = sam2_tiny(family)
     size = RESIZED[family]
@@ -151,7 +151,7 @@ def test_export_at_another_image_size_matches_the_reference_at_that_size(
 
 
 def test_image_sizes_the_networks_cannot_take_are_refused(sam2_tiny: Any, tmp_path: Any) -> None:
-    from vostream.pipeline.apps.export import export_model
+    from vostream.apps.export import export_model
     from vostream.pipeline.errors import ConfigError
 
     ckpt, _ = sam2_tiny("sam2")

@@ -224,7 +224,7 @@ def test_steady_state_host_memory_is_flat(sam2_tiny: Any) -> None:
 
 
 def test_fp16_export_is_half_the_size_and_tracks_like_fp32(sam2_tiny: Any, clip: Any, tmp_path: Any) -> None:
-    from vostream.pipeline.apps.export import export_model
+    from vostream.apps.export import export_model
 
     ckpt, export = sam2_tiny("sam2")
     manifest = export_model(str(ckpt), tmp_path / "fp16", fp16=True)

@@ -15,10 +15,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from vostream.pipeline.apps.serve.media import resolve_source
-from vostream.pipeline.apps.serve.protocol import ProtocolError, parse_client_message
-from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
-from vostream.pipeline.apps.serve.session import SessionOptions
+from vostream.apps.serve.media import resolve_source
+from vostream.apps.serve.protocol import ProtocolError, parse_client_message
+from vostream.apps.serve.server import ServerConfig, ServerThread
+from vostream.apps.serve.session import SessionOptions
 from vostream.pipeline.errors import ConfigError
 from vostream.samples.scenes import render_scene, write_scene
 from vostream.sinks.websocket import FULL_SIZE_ABOVE, ClientSlot, FrameHub, PackedFrame, scale_image
@@ -502,11 +502,11 @@ def test_metrics_expose_pipeline(server: ServerThread) -> None:
 
 
 def test_cli_serve_parser() -> None:
-    from vostream.pipeline.apps.cli import build_parser
+    from vostream.apps.cli import build_parser
 
     args = build_parser().parse_args(["serve", "clip.mp4", "--port", "0", "--host", "127.0.0.1"])
     assert args.command == "serve" and args.source == "clip.mp4" and args.port == 0
-    from vostream.pipeline.apps.cli import main
+    from vostream.apps.cli import main
 
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2  # no --token: refused, one line
 
@@ -523,7 +523,7 @@ def test_cli_serve_rejects_bad_session_options(
     option: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Session options are validated where they are built: the server never starts with them."""
-    from vostream.pipeline.apps.cli import main
+    from vostream.apps.cli import main
 
     assert main(["serve", "--port", "0", option, value]) == 2
     assert message in capsys.readouterr().err

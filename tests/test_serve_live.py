@@ -18,10 +18,10 @@ from test_live import scene, scene_clip
 from test_serve import ack, hello, pack, recv
 from websockets.sync.client import connect
 
-from vostream.pipeline.apps.cli import build_parser
-from vostream.pipeline.apps.serve.media import resolve_source
-from vostream.pipeline.apps.serve.protocol import ProtocolError
-from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread, serve_config
+from vostream.apps.cli import build_parser
+from vostream.apps.serve.media import resolve_source
+from vostream.apps.serve.protocol import ProtocolError
+from vostream.apps.serve.server import ServerConfig, ServerThread, serve_config
 from vostream.pipeline.errors import ConfigError
 from vostream.samples.scenes import iou
 from vostream.sinks.websocket import decode_rle_counts

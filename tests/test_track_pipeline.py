@@ -10,8 +10,8 @@ import pytest
 from media import make_video, square_frames, square_mask
 from PIL import Image
 
-from vostream.pipeline.apps.config import TrackSettings
-from vostream.pipeline.apps.track import build_track_pipeline
+from vostream.apps.config import TrackSettings
+from vostream.apps.track import build_track_pipeline
 from vostream.pipeline.errors import StageError
 from vostream.pipeline.types import Prompt, RemoveObject
 
@@ -91,7 +91,7 @@ def test_error_mid_stream_names_stage_and_keeps_outputs(video, tmp_path, monkeyp
 
 
 def test_failed_run_still_writes_a_summary_with_the_error(video, tmp_path, monkeypatch):
-    from vostream.pipeline.apps.track import run_track
+    from vostream.apps.track import run_track
     from vostream.stages.postprocess import PostprocessStage
 
     _raise_after(PostprocessStage, "process", 7, monkeypatch)
@@ -141,7 +141,7 @@ def test_codec_threads_limit_the_decoder_and_the_encoder(video, tmp_path):
 
 
 def test_codec_threads_are_checked(video, tmp_path):
-    from vostream.pipeline.apps.config import merge_settings
+    from vostream.apps.config import merge_settings
     from vostream.pipeline.errors import ConfigError
 
     base = {"source": str(video), "out": str(tmp_path)}

@@ -20,7 +20,7 @@ pytest.importorskip("playwright.sync_api", reason="needs PyPI playwright (pip in
 CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/lib/chromium/chromium") if os.path.exists(p)), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 
-from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread  # noqa: E402
+from vostream.apps.serve.server import ServerConfig, ServerThread  # noqa: E402
 from vostream.samples.scenes import iou, render_scene, write_scene  # noqa: E402
 from vostream.sinks.websocket import decode_rle_counts  # noqa: E402
 

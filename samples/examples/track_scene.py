@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vostream.pipeline.apps.config import TrackSettings
-from vostream.pipeline.apps.track import run_track
+from vostream.apps.config import TrackSettings
+from vostream.apps.track import run_track
 from vostream.pipeline.types import Prompt
 from vostream.samples.scenes import SCENES, render_scene, score_sequence, write_scene
 

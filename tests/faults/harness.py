@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-CLI = [sys.executable, "-m", "vostream.pipeline.apps.cli"]
+CLI = [sys.executable, "-m", "vostream.apps.cli"]
 
 
 def cli_command(args: Sequence[str], timeout: float = 60.0, kill_after: float = 5.0) -> list[str]:
-    """``timeout -k KILL_AFTER TIMEOUT python -m vostream.pipeline.apps.cli ARGS``."""
+    """``timeout -k KILL_AFTER TIMEOUT python -m vostream.apps.cli ARGS``."""
     return ["timeout", "-k", f"{kill_after:g}", f"{timeout:g}", *CLI, *map(str, args)]
 
 

@@ -324,7 +324,7 @@ def test_export_check_accepts_faithful_exports_of_random_tiny_models(tmp_path, f
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sam2_reference as ref
 
-    from vostream.pipeline.apps.export import export_model
+    from vostream.apps.export import export_model
 
     ckpt = ref.save_tiny(
         family, tmp_path / "ckpt", seed=seed, obj_score="raw", randomize_zeros=False, scale_heads=False
@@ -338,7 +338,7 @@ def test_export_check_still_rejects_a_wrong_bf16_output():
     """The looser bf16 rule must still catch a real error: two bf16 steps plus more than the fp32 tolerance."""
     import torch
 
-    from vostream.pipeline.apps.export import _bf16_step, _verify
+    from vostream.apps.export import _bf16_step, _verify
 
     assert _bf16_step(0.0111) == 2.0**-14 and _bf16_step(0.1475) == 2.0**-10 and _bf16_step(1.0) == 2.0**-7
 

@@ -15,8 +15,8 @@ import msgpack
 import pytest
 from websockets.sync.client import connect
 
-from vostream.pipeline.apps.serve import media as serve_media
-from vostream.pipeline.apps.serve.server import ServerConfig, ServerThread
+from vostream.apps.serve import media as serve_media
+from vostream.apps.serve.server import ServerConfig, ServerThread
 
 
 def pack(msg: dict) -> bytes:

@@ -746,11 +746,11 @@ def describe(record: Mapping[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m vostream.pipeline.apps.export.atc DIR``: convert an existing export (no torch needed)."""
+    """``python -m vostream.apps.export.atc DIR``: convert an existing export (no torch needed)."""
     import sys
 
     p = argparse.ArgumentParser(
-        prog="python -m vostream.pipeline.apps.export.atc",
+        prog="python -m vostream.apps.export.atc",
         description="Write (and run, where atc exists) the ATC commands for a vostream export",
     )
     p.add_argument("export_dir", metavar="DIR")

@@ -203,7 +203,7 @@ def _acl_detail(info: dict[str, Any], cann: str | None) -> str:
 
 def check_acl(device_id: int = 0) -> Check:
     """pyACL (``import acl``), probed in a child process."""
-    from vostream.pipeline.apps.export.atc import detect_cann_version
+    from vostream.apps.export.atc import detect_cann_version
 
     cann, cann_src = detect_cann_version()
     loaded = sys.modules.get("acl")
@@ -220,9 +220,7 @@ def check_acl(device_id: int = 0) -> Check:
             {"fake": False, "cann_version": cann},
         )
     try:
-        code = (
-            f"from vostream.pipeline.apps.doctor import _acl_probe_child; _acl_probe_child({int(device_id)})"
-        )
+        code = f"from vostream.apps.doctor import _acl_probe_child; _acl_probe_child({int(device_id)})"
         proc = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
         )
@@ -266,7 +264,7 @@ def check_acl(device_id: int = 0) -> Check:
 
 
 def check_atc() -> Check:
-    from vostream.pipeline.apps.export.atc import detect_cann_version
+    from vostream.apps.export.atc import detect_cann_version
 
     path = shutil.which("atc")
     cann, src = detect_cann_version()
@@ -450,7 +448,7 @@ def check_model(
     if m.dtype != "float32":
         report = m.verify.get("compare")
         if isinstance(report, dict) and report:
-            from vostream.pipeline.apps.export.precision import describe_report
+            from vostream.apps.export.precision import describe_report
 
             checks.append(
                 Check(
@@ -626,10 +624,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m vostream.pipeline.apps.doctor`` (same options as ``vostream doctor``)."""
-    p = argparse.ArgumentParser(
-        prog="python -m vostream.pipeline.apps.doctor", description=__doc__.split("\n")[0]
-    )
+    """``python -m vostream.apps.doctor`` (same options as ``vostream doctor``)."""
+    p = argparse.ArgumentParser(prog="python -m vostream.apps.doctor", description=__doc__.split("\n")[0])
     _add_doctor_arguments(p)
     return cmd_doctor(p.parse_args(argv))
 

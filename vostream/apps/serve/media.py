@@ -18,7 +18,7 @@ import re
 from pathlib import Path, PurePosixPath
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from vostream.pipeline.apps.serve.protocol import ProtocolError
+from vostream.apps.serve.protocol import ProtocolError
 
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v", ".ts", ".mpg", ".mpeg", ".h264", ".hevc")
 _MAX_LISTED = 200

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vostream.pipeline.apps.track import run_warnings
+from vostream.apps.track import run_warnings
 from vostream.pipeline.errors import VostreamError, describe
 
 logger = logging.getLogger(__name__)
@@ -118,9 +118,9 @@ class JobRunner:
     def run(self, job: VideoJob, progress: ProgressFn | None = None) -> JobResult:
         """Annotate one video.  Never raises for a failure of the video: the result says ``failed`` with the
         error.  ``progress(frames)`` is called about every 0.25 s; returning False cancels the job."""
-        from vostream.pipeline.apps.annotate.manifest import clean_outputs, write_manifest
-        from vostream.pipeline.apps.config import TrackSettings
-        from vostream.pipeline.apps.track import build_track_pipeline
+        from vostream.apps.annotate.manifest import clean_outputs, write_manifest
+        from vostream.apps.config import TrackSettings
+        from vostream.apps.track import build_track_pipeline
 
         o = self.options
         start = time.monotonic()

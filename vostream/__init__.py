@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from vostream.pipeline.apps.assemble import assemble_track
-from vostream.pipeline.apps.config import DEFAULT_SAVE, TrackSettings
-from vostream.pipeline.apps.track import run_track
+from vostream.apps.assemble import assemble_track
+from vostream.apps.config import DEFAULT_SAVE, TrackSettings
+from vostream.apps.track import run_track
 from vostream.pipeline.engine import Pipeline, RunReport
 from vostream.pipeline.errors import (
     BackendError,

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vostream.pipeline.apps.assemble import assemble_track
-from vostream.pipeline.apps.config import TrackSettings, tracker_options
-from vostream.pipeline.apps.live_prompts import PromptTimer, TimedPrompt, load_live_prompts
-from vostream.pipeline.apps.prompts import check_prompt_sequence, load_prompts_file
+from vostream.apps.assemble import assemble_track
+from vostream.apps.config import TrackSettings, tracker_options
+from vostream.apps.live_prompts import PromptTimer, TimedPrompt, load_live_prompts
+from vostream.apps.prompts import check_prompt_sequence, load_prompts_file
 from vostream.pipeline.engine import Pipeline, RunReport, handle_signals
 from vostream.pipeline.errors import ConfigError, OutputError, VostreamError
 from vostream.pipeline.reconnect import ReconnectPolicy
@@ -171,7 +171,7 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
 
 def open_live_for_track(settings: TrackSettings) -> tuple[LiveSource, VideoInfo, list[TimedPrompt]]:
     """For ``vostream track`` on a live URI: the connected :class:`LiveSource` (from a
-    :class:`~vostream.pipeline.apps.config.TrackSettings`), its :class:`~vostream.stages.sources.file.VideoInfo` and the
+    :class:`~vostream.apps.config.TrackSettings`), its :class:`~vostream.stages.sources.file.VideoInfo` and the
     prompts file's wall-clock prompts (its frame-index prompts are put in ``settings.prompts``).
 
     Connects once to probe (a wrong URL fails here with :class:`SourceError`); the returned source is not yet

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from vostream.pipeline.apps.model_watch import ModelWatcher
-from vostream.pipeline.apps.prometheus import model_families, pipeline_families
-from vostream.pipeline.apps.serve.media import URL_FAILED, list_sources, resolve_source
-from vostream.pipeline.apps.serve.protocol import (
+from vostream.apps.model_watch import ModelWatcher
+from vostream.apps.prometheus import model_families, pipeline_families
+from vostream.apps.serve.media import URL_FAILED, list_sources, resolve_source
+from vostream.apps.serve.protocol import (
     EXPORT_FORMATS,
     MAX_INFLIGHT,
     MAX_POINTS,
@@ -55,25 +55,22 @@ from vostream.pipeline.apps.serve.protocol import (
     encode,
     parse_client_message,
 )
-from vostream.pipeline.apps.serve.session import Session, SessionOptions, TrackerCache
+from vostream.apps.serve.session import Session, SessionOptions, TrackerCache
 from vostream.pipeline.errors import ConfigError, VostreamError
 from vostream.pipeline.version import package_version
 from vostream.stages.trackers.reload import ReloadBusy, ReloadError, ReloadOutcome
 
 logger = logging.getLogger(__name__)
 
-WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 _STATIC_SUFFIXES = (".html", ".js", ".css", ".png", ".svg", ".ico", ".txt", ".md")
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
 
 
 def _web_dir() -> Path:
-    try:
-        import vostream.web as web_pkg
+    """The viewer's static files: the ``vostream.web`` package's folder (``web/`` in a checkout)."""
+    import vostream.web as web_pkg
 
-        return Path(list(web_pkg.__path__)[0])
-    except ImportError:  # pragma: no cover - running from a bare checkout
-        return WEB_DIR
+    return Path(list(web_pkg.__path__)[0])
 
 
 def is_loopback(host: str) -> bool:
@@ -1007,7 +1004,7 @@ def run_server(config: ServerConfig) -> int:
 
 
 def add_serve_parser(sub: Any, add_common: Any) -> None:
-    """The ``serve`` subcommand (called by :func:`vostream.pipeline.apps.cli.build_parser`)."""
+    """The ``serve`` subcommand (called by :func:`vostream.apps.cli.build_parser`)."""
     p = sub.add_parser(
         "serve",
         help="browser viewer: click an object, watch it tracked live",
@@ -1077,7 +1074,7 @@ def add_serve_parser(sub: Any, add_common: Any) -> None:
 
 
 def cmd_serve(args: Any) -> int:
-    logging.getLogger("vostream.pipeline.apps.serve.server").setLevel(logging.INFO)
+    logging.getLogger("vostream.apps.serve.server").setLevel(logging.INFO)
     logging.getLogger("vostream.stages.trackers.reload").setLevel(logging.INFO)
     return run_server(serve_config(args))
 

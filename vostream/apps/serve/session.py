@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from vostream.pipeline.apps.assemble import assemble_track
-from vostream.pipeline.apps.serve.protocol import PromptMsg, ProtocolError, check_prompt_range
+from vostream.apps.assemble import assemble_track
+from vostream.apps.serve.protocol import PromptMsg, ProtocolError, check_prompt_range
 from vostream.pipeline.engine import Pipeline
 from vostream.pipeline.errors import ConfigError, VostreamError
 from vostream.pipeline.stage import Source

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vostream.pipeline.apps.export.families import Family
+from vostream.apps.export.families import Family
 
 NO_OBJ_SCORE = -1024.0
 

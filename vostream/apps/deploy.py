@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vostream.pipeline.apps.config import TRACKER_KEYS, TrackSettings, merge_settings, read_toml
-from vostream.pipeline.apps.live_prompts import PromptTimer
-from vostream.pipeline.apps.model_watch import ModelWatcher
-from vostream.pipeline.apps.prometheus import model_families, pipeline_families
-from vostream.pipeline.apps.track import STOP_SIGNALS, build_track_pipeline, write_summary
+from vostream.apps.config import TRACKER_KEYS, TrackSettings, merge_settings, read_toml
+from vostream.apps.live_prompts import PromptTimer
+from vostream.apps.model_watch import ModelWatcher
+from vostream.apps.prometheus import model_families, pipeline_families
+from vostream.apps.track import STOP_SIGNALS, build_track_pipeline, write_summary
 from vostream.pipeline.engine import Pipeline, RunReport
 from vostream.pipeline.errors import ConfigError, Interrupted, VostreamError, describe
 from vostream.pipeline.scheduler import RoundRobinScheduler
@@ -455,7 +455,7 @@ def add_run_parser(sub: Any, add_common: Any) -> None:
 def cmd_run(args: Any) -> int:
     if not args.quiet:  # reloads and each stream's switch are status lines of a deployment
         logging.getLogger("vostream.stages.trackers.reload").setLevel(logging.INFO)
-        logging.getLogger("vostream.pipeline.apps.model_watch").setLevel(logging.INFO)
+        logging.getLogger("vostream.apps.model_watch").setLevel(logging.INFO)
     config = load_deploy(args.config)
     if args.metrics_port is not None:
         config.metrics_port = args.metrics_port

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from vostream.pipeline.apps.export.families import Family, family_for, resize_config
+from vostream.apps.export.families import Family, family_for, resize_config
 from vostream.pipeline.errors import BackendError, ConfigError, Interrupted
 from vostream.pipeline.types import Frame, Prompt
 from vostream.pipeline.version import package_version
@@ -474,7 +474,7 @@ def export_model(
     if image_size is not None and image_size != trained_size:
         say(f"resizing from {trained_size} to {image_size} px")
         net = resize_model(net, family, image_size)
-    from vostream.pipeline.apps.export.wrappers import (
+    from vostream.apps.export.wrappers import (
         DecoderGraph,
         ImageEncoderGraph,
         MemoryAttentionGraph,
@@ -779,7 +779,7 @@ def export_model(
 
 def _precision() -> Any:
     """``precision.py`` (imported on use: it needs onnxruntime)."""
-    from vostream.pipeline.apps.export import precision
+    from vostream.apps.export import precision
 
     return precision
 
@@ -818,7 +818,7 @@ def _int8_from(
         "check": f"relative RMS error vs fp32 <= {p.INT8_REL_RMS} per output, on the calibration runs",
     }
     if amct:
-        from vostream.pipeline.apps.export.atc import write_amct_inputs
+        from vostream.apps.export.atc import write_amct_inputs
 
         write_amct_inputs(manifest, ref, store, out)
         say(f"wrote {out.name}/amct/ (fp32 graphs and calibration data for AMCT)")

@@ -9,8 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-from vostream.pipeline.apps.config import SAVE_FORMATS, TrackSettings
-from vostream.pipeline.apps.track import run_track
+from vostream.apps.config import SAVE_FORMATS, TrackSettings
+from vostream.apps.track import run_track
 from vostream.pipeline.engine import RunReport
 from vostream.pipeline.errors import OutputError
 from vostream.samples.scenes import iou, render_scene, write_scene

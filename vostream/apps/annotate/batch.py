@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vostream.pipeline.apps.annotate.inputs import VideoEntry
-from vostream.pipeline.apps.annotate.job import JobResult, TrackOptions, VideoJob
+from vostream.apps.annotate.inputs import VideoEntry
+from vostream.apps.annotate.job import JobResult, TrackOptions, VideoJob
 from vostream.pipeline.errors import BackendError, ConfigError
 from vostream.sinks.atomic import remove_temp_files
 from vostream.sinks.outdir import LOCK_NAME as LOCK_NAME
@@ -39,7 +39,7 @@ DATASET_NAME = "dataset.json"
 EXIT_SOME_FAILED = 1
 EXIT_INTERRUPTED = 130
 #: loggers that print the batch's status lines unless --quiet
-STATUS_LOGGERS = ("vostream.pipeline.apps.annotate.batch", "vostream.pipeline.apps.annotate.progress")
+STATUS_LOGGERS = ("vostream.apps.annotate.batch", "vostream.apps.annotate.progress")
 
 
 @dataclass
@@ -151,7 +151,7 @@ class BatchReport:
 
 
 def _check_options(o: AnnotateOptions) -> None:
-    from vostream.pipeline.apps.config import parse_save
+    from vostream.apps.config import parse_save
 
     o.formats = parse_save(list(o.formats) if not isinstance(o.formats, str) else o.formats, "--formats")
     if o.workers < 0 or (o.ray and o.workers < 1):
@@ -171,9 +171,9 @@ def _check_options(o: AnnotateOptions) -> None:
 def plan_batch(o: AnnotateOptions) -> BatchPlan:
     """Find the videos, load and check the prompts (every error before any work: :class:`PromptError`), and
     split the videos into done / to do / without prompts.  Creates ``--out`` (:class:`OutputError`)."""
-    from vostream.pipeline.apps.annotate.inputs import discover_videos
-    from vostream.pipeline.apps.annotate.manifest import fingerprint, verify_manifest
-    from vostream.pipeline.apps.annotate.prompts import check_batch_prompts, load_batch_prompts
+    from vostream.apps.annotate.inputs import discover_videos
+    from vostream.apps.annotate.manifest import fingerprint, verify_manifest
+    from vostream.apps.annotate.prompts import check_batch_prompts, load_batch_prompts
     from vostream.sinks.atomic import ensure_dir
     from vostream.stages.sources import probe
 
@@ -248,7 +248,7 @@ class _StopState:
 
 @contextmanager
 def _signals(state: _StopState) -> Iterator[None]:
-    from vostream.pipeline.apps.track import STOP_SIGNALS
+    from vostream.apps.track import STOP_SIGNALS
 
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -265,10 +265,10 @@ def _signals(state: _StopState) -> Iterator[None]:
 
 
 def _make_executor(o: AnnotateOptions, track: TrackOptions) -> Any:
-    from vostream.pipeline.apps.annotate.local_executor import InlineExecutor, LocalExecutor
+    from vostream.apps.annotate.local_executor import InlineExecutor, LocalExecutor
 
     if o.ray:
-        from vostream.pipeline.apps.annotate.ray_executor import RayExecutor, import_ray
+        from vostream.apps.annotate.ray_executor import RayExecutor, import_ray
 
         import_ray()
         return RayExecutor(track, max(1, o.workers), o.ray_address, o.ray_gpus, o.ray_resources)
@@ -290,7 +290,7 @@ def run_annotate(o: AnnotateOptions) -> BatchReport:
     """Plan and run the batch; write ``summary.json`` (always, once planned) and ``dataset.json``.  Per-video
     failures are in the report, never raised; raises :class:`ConfigError`/:class:`PromptError` (before any work),
     :class:`OutputError` (``--out``), :class:`BackendError` (the tracker cannot be loaded, Ray unavailable)."""
-    from vostream.pipeline.apps.annotate.progress import BatchProgress
+    from vostream.apps.annotate.progress import BatchProgress
 
     start = time.monotonic()
     plan = plan_batch(o)

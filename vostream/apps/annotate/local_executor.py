@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from vostream.pipeline.apps.annotate.job import JobResult, JobRunner, TrackOptions, VideoJob
+from vostream.apps.annotate.job import JobResult, JobRunner, TrackOptions, VideoJob
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vostream.pipeline.apps.config import PROVIDERS
+from vostream.apps.config import PROVIDERS
 from vostream.pipeline.errors import ConfigError, Interrupted, PromptError, VostreamError, describe
 from vostream.pipeline.version import package_version
 
@@ -83,7 +83,7 @@ def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Any]:
     """Group ordered command-line prompt tokens into :class:`Prompt` objects, one per (object, frame)."""
     import numpy as np
 
-    from vostream.pipeline.apps.prompts import load_mask_png, parse_box, parse_xy
+    from vostream.apps.prompts import load_mask_png, parse_box, parse_xy
     from vostream.pipeline.types import Prompt
 
     groups: list[dict[str, Any]] = []
@@ -378,24 +378,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="ONNX Runtime intra-op threads for the calibration and the comparison (default: ORT's)",
     )
     _add_prompt_options(e)
-    from vostream.pipeline.apps.export.atc import add_om_arguments
+    from vostream.apps.export.atc import add_om_arguments
 
     add_om_arguments(e)
     _add_common(e)
 
-    from vostream.pipeline.apps.annotate.batch import add_annotate_parser
+    from vostream.apps.annotate.batch import add_annotate_parser
 
     add_annotate_parser(sub, _add_common)
 
-    from vostream.pipeline.apps.serve.server import add_serve_parser
+    from vostream.apps.serve.server import add_serve_parser
 
     add_serve_parser(sub, _add_common)
 
-    from vostream.pipeline.apps.doctor import add_doctor_parser
+    from vostream.apps.doctor import add_doctor_parser
 
     add_doctor_parser(sub, _add_common)
 
-    from vostream.pipeline.apps.deploy import add_run_parser
+    from vostream.apps.deploy import add_run_parser
 
     add_run_parser(sub, _add_common)
     return parser
@@ -410,7 +410,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _settings_from_args(args: argparse.Namespace) -> Any:
-    from vostream.pipeline.apps.config import load_config, merge_settings
+    from vostream.apps.config import load_config, merge_settings
 
     config = load_config(args.config) if args.config else None
     prompts = prompts_from_tokens(getattr(args, "prompt_tokens", None) or [])
@@ -449,7 +449,7 @@ def _settings_from_args(args: argparse.Namespace) -> Any:
 
 
 def cmd_track(args: argparse.Namespace) -> int:
-    from vostream.pipeline.apps.track import run_track
+    from vostream.apps.track import run_track
 
     settings = _settings_from_args(args)
     report = run_track(settings)
@@ -457,7 +457,7 @@ def cmd_track(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from vostream.pipeline.apps.demo import run_demo
+    from vostream.apps.demo import run_demo
 
     report = run_demo(out=args.out, scene=args.scene, samples_dir=args.samples_dir, quiet=bool(args.quiet))
     return 130 if report.interrupted else 0
@@ -472,7 +472,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     import time
 
     try:
-        from vostream.pipeline.apps.export import DEFAULT_OPSET, export_model
+        from vostream.apps.export import DEFAULT_OPSET, export_model
     except ImportError as exc:  # numpy/onnx missing: the exporter module itself cannot load
         raise ConfigError(f"vostream export cannot start ({exc}); pip install 'vostream[export]'") from None
 
@@ -492,7 +492,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     prompts = prompts_from_tokens(getattr(args, "prompt_tokens", None) or [])
     if args.prompts_file:
-        from vostream.pipeline.apps.prompts import load_prompts_file
+        from vostream.apps.prompts import load_prompts_file
 
         prompts += load_prompts_file(args.prompts_file)
     if prompts and args.int8 is None and args.compare is None:
@@ -530,10 +530,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     )
     report = manifest.verify.get("compare")
     if report:
-        from vostream.pipeline.apps.export.precision import describe_report
+        from vostream.apps.export.precision import describe_report
 
         print(describe_report(manifest.dtype, report))
-    from vostream.pipeline.apps.export.atc import describe, om_from_args
+    from vostream.apps.export.atc import describe, om_from_args
 
     record = om_from_args(args, manifest, out, progress=say)
     if record is not None:
@@ -542,25 +542,25 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
-    from vostream.pipeline.apps.annotate.batch import cmd_annotate as run_batch
+    from vostream.apps.annotate.batch import cmd_annotate as run_batch
 
     return run_batch(args)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from vostream.pipeline.apps.doctor import cmd_doctor as run_doctor
+    from vostream.apps.doctor import cmd_doctor as run_doctor
 
     return run_doctor(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from vostream.pipeline.apps.deploy import cmd_run as run_deployment
+    from vostream.apps.deploy import cmd_run as run_deployment
 
     return run_deployment(args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from vostream.pipeline.apps.serve.server import cmd_serve as run_serve
+    from vostream.apps.serve.server import cmd_serve as run_serve
 
     return run_serve(args)
 
@@ -575,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     if not args.quiet:  # the run's own status lines; library modules stay at WARNING unless --verbose
-        logging.getLogger("vostream.pipeline.apps.track").setLevel(logging.INFO)
+        logging.getLogger("vostream.apps.track").setLevel(logging.INFO)
     try:
         return {
             "track": cmd_track,

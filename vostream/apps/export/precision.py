@@ -101,7 +101,7 @@ def check_prompts(
 ) -> None:
     """:class:`ConfigError` unless ``prompts`` start at least one object inside ``frames``' size, on a frame the
     clip has; with ``tracking``, also unless a frame follows the first prompt (memory attention must run)."""
-    from vostream.pipeline.apps.prompts import check_prompt_sequence
+    from vostream.apps.prompts import check_prompt_sequence
 
     if not prompts:
         raise ConfigError(

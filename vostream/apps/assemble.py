@@ -1,7 +1,7 @@
 """The one place a track pipeline is put together: source → preprocess → track → postprocess → sinks.
 
-``vostream track`` (:mod:`vostream.pipeline.apps.track`), batch annotation (its jobs call ``track``'s builder) and
-every viewer session (:mod:`vostream.pipeline.apps.serve.session`) call :func:`assemble_track`; they differ only in
+``vostream track`` (:mod:`vostream.apps.track`), batch annotation (its jobs call ``track``'s builder) and
+every viewer session (:mod:`vostream.apps.serve.session`) call :func:`assemble_track`; they differ only in
 the source, the sinks, the queue size and the policy they pass.
 """
 

@@ -1,6 +1,6 @@
 """``vostream annotate --ray``: the batch on a Ray cluster.  One actor per worker slot holds a loaded tracker;
 each video is one actor method call (one in flight per actor).  Same executor interface as
-:class:`~vostream.pipeline.apps.annotate.local_executor.LocalExecutor`; same outputs (the actors write into ``--out``, which must
+:class:`~vostream.apps.annotate.local_executor.LocalExecutor`; same outputs (the actors write into ``--out``, which must
 be a path every node sees).
 
 Ray is optional and imported lazily (:func:`import_ray` raises :class:`ConfigError` with the install command).
@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from vostream.pipeline.apps.annotate.job import JobResult, JobRunner, TrackOptions, VideoJob
-from vostream.pipeline.apps.annotate.local_executor import Event
+from vostream.apps.annotate.job import JobResult, JobRunner, TrackOptions, VideoJob
+from vostream.apps.annotate.local_executor import Event
 from vostream.pipeline.errors import BackendError, ConfigError
 
 logger = logging.getLogger(__name__)

@@ -240,7 +240,7 @@ def merge_settings(config: dict[str, Any] | None, cli: dict[str, Any]) -> TrackS
     ``cli['prompts']`` (a list, possibly empty) replaces the config's prompts when non-empty; so does
     ``cli['prompts_file']``.
     """
-    from vostream.pipeline.apps.prompts import prompts_from_dicts
+    from vostream.apps.prompts import prompts_from_dicts
 
     s = TrackSettings()
     config = dict(config or {})

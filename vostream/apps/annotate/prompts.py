@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from vostream.pipeline.apps.annotate.inputs import VideoEntry, match_video
-from vostream.pipeline.apps.prompts import read_prompts_text
+from vostream.apps.annotate.inputs import VideoEntry, match_video
+from vostream.apps.prompts import read_prompts_text
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.types import Prompt
 
@@ -66,7 +66,7 @@ def _resolve(name: Any, entries: Sequence[VideoEntry], where: str) -> VideoEntry
 
 
 def _parse_json(p: Path, text: str, entries: Sequence[VideoEntry]) -> dict[str, VideoPrompts]:
-    from vostream.pipeline.apps.prompts import prompts_from_dicts
+    from vostream.apps.prompts import prompts_from_dicts
 
     name = f"prompts file {str(p)!r}"
     try:
@@ -176,7 +176,7 @@ def check_batch_prompts(
 ) -> None:
     """Check every video's prompts against its frame size (``sizes[key] = (w, h)``; ``None``: not probed, bounds
     skipped) and the prompt-sequence rules.  Raises :class:`PromptError` naming the entry or line."""
-    from vostream.pipeline.apps.prompts import check_prompt_sequence
+    from vostream.apps.prompts import check_prompt_sequence
 
     name = f"prompts file {str(path)!r}"
     for key, vp in batch.items():
