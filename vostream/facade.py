@@ -1,20 +1,5 @@
-"""vostream: click an object on the first frame, follow it through a video, a camera or an RTSP feed with masks.
-
-This file is the whole public facade, installed as the top-level ``vostream`` package (``docs/architecture.md``)::
-
-    import vostream
-
-    # the `vostream track` job: overlay.mp4, masks/, annotations.json, mot.txt and summary.json under out/
-    report = vostream.track("clip.mp4", point=(420, 240), out="out/run")
-
-    # or the results in your own loop (files and live feeds alike)
-    with vostream.open("clip.mp4", point=(420, 240)) as stream:
-        for frame in stream:
-            mask = frame.result.masks[0]          # bool (H, W) at the source's size; frame.result.present[0]
-
-Everything below is built from the same parts the command line uses: sources in ``vostream.stages.sources``, the
-trackers in ``vostream.stages.trackers``, sinks in ``vostream.sinks``, the engine in ``vostream.pipeline``.
-"""
+"""The facade's implementation: :func:`track`, :func:`open`, :class:`Stream` and :func:`prompts_from`.  Import
+them from ``vostream`` itself (``vostream/__init__.py`` loads this module on first use)."""
 
 from __future__ import annotations
 
@@ -31,21 +16,13 @@ from vostream.apps.config import DEFAULT_SAVE, TrackSettings
 from vostream.apps.track import run_track
 from vostream.pipeline.engine import Pipeline, RunReport
 from vostream.pipeline.errors import (
-    BackendError,
-    ConfigError,
-    OutputError,
     PromptError,
-    SourceError,
-    StageError,
     VostreamError,
 )
 from vostream.pipeline.stage import BLOCK, Sink, SinkSpec
-from vostream.pipeline.types import Control, Frame, Prompt, RemoveObject, ResetTracker, TrackResult
-from vostream.pipeline.version import package_version
+from vostream.pipeline.types import Control, Frame, Prompt
 from vostream.stages.sources import open_source
 from vostream.stages.trackers import Tracker, load_tracker
-
-__version__ = package_version()
 
 
 def prompts_from(
@@ -246,25 +223,4 @@ def open(
     return Stream(pipe, results, loaded if owned else None)
 
 
-__all__ = [
-    "BackendError",
-    "ConfigError",
-    "Frame",
-    "OutputError",
-    "Pipeline",
-    "Prompt",
-    "PromptError",
-    "RemoveObject",
-    "ResetTracker",
-    "RunReport",
-    "SourceError",
-    "StageError",
-    "Stream",
-    "TrackResult",
-    "VostreamError",
-    "__version__",
-    "load_tracker",
-    "open",
-    "prompts_from",
-    "track",
-]
+__all__ = ["Stream", "open", "prompts_from", "track"]
