@@ -15,11 +15,16 @@ PACKAGE = ROOT / "vostream"  # the package; the other code folders are linked in
 
 CORE = "vostream.pipeline"  # the engine and contracts
 APPS = "vostream.apps"
+FACADE = (
+    "the facade"  # in a rule: `import vostream` itself (and vostream.facade, which it loads), nothing deeper
+)
 
 #: (module prefix, what its modules may import from vostream); the first matching prefix applies
 RULES: list[tuple[str, tuple[str, ...]]] = [
     (APPS, ("vostream",)),  # applications: anything
-    ("vostream.samples.examples", ("vostream",)),  # runnable examples use the public API
+    ("vostream.facade", ("vostream",)),  # the facade's implementation sits on top of everything
+    # runnable examples use the public API: the facade, and the synthetic scenes of samples/
+    ("vostream.samples.examples", (FACADE, "vostream.samples")),
     ("vostream.stages.sources", (CORE, "vostream.stages.sources")),
     (
         "vostream.stages.trackers.sam2.backends",
@@ -82,7 +87,8 @@ def allowed(importer: str, imported: str) -> bool:
                 return True
             if within(imported, APPS):
                 return False  # nothing below the applications imports them
-            return any(within(imported, m) for m in may)
+            facade = FACADE in may and imported in ("vostream", "vostream.facade")
+            return facade or any(within(imported, m) for m in may)
     raise AssertionError(f"no import rule covers {importer}")
 
 
@@ -116,6 +122,8 @@ def test_every_module_follows_its_folders_import_rule():
         ("vostream.stages.trackers.sam2.backends.acl", "vostream.stages.trackers.sam2", False),
         ("vostream.stages.track", "vostream.apps.prompts", False),
         ("vostream.apps.serve.session", "vostream.sinks.websocket", True),
+        ("vostream.samples.examples.custom_pipeline", "vostream", True),
+        ("vostream.samples.examples.custom_pipeline", "vostream.pipeline.stage", False),
     ],
 )
 def test_the_rules_themselves(importer, imported, ok):

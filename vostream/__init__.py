@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from vostream.pipeline.version import package_version
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
-    from vostream.facade import Stream, open, prompts_from, track
+    from vostream.facade import Stream, build_pipeline, open, prompts_from, track
     from vostream.pipeline.engine import Pipeline, RunReport
     from vostream.pipeline.errors import (
         BackendError,
@@ -37,14 +37,18 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
         StageError,
         VostreamError,
     )
+    from vostream.pipeline.stage import Sink, SinkSpec
     from vostream.pipeline.types import Frame, Prompt, RemoveObject, ResetTracker, TrackResult
+    from vostream.stages.sources import probe
     from vostream.stages.trackers import load_tracker
 
 __version__ = package_version()
 
 #: public name -> the module that defines it
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(("Stream", "open", "prompts_from", "track"), "vostream.facade"),
+    **dict.fromkeys(("Stream", "build_pipeline", "open", "prompts_from", "track"), "vostream.facade"),
+    **dict.fromkeys(("Sink", "SinkSpec"), "vostream.pipeline.stage"),
+    "probe": "vostream.stages.sources",
     **dict.fromkeys(("Pipeline", "RunReport"), "vostream.pipeline.engine"),
     **dict.fromkeys(
         (
@@ -90,13 +94,17 @@ __all__ = [
     "ResetTracker",
     "RunReport",
     "SourceError",
+    "Sink",
+    "SinkSpec",
     "StageError",
     "Stream",
     "TrackResult",
     "VostreamError",
     "__version__",
+    "build_pipeline",
     "load_tracker",
     "open",
+    "probe",
     "prompts_from",
     "track",
 ]

@@ -183,6 +183,29 @@ class _QueueSinkSpec(SinkSpec[Frame]):
         return _QueueSink(self.results, self.stop)
 
 
+def build_pipeline(
+    source: str | Path,
+    tracker: Tracker,
+    sinks: Sequence[SinkSpec[Any]],
+    *,
+    prompts: Iterable[Control] = (),
+    queue_size: int = 8,
+    name: str | None = None,
+) -> Pipeline:
+    """The track pipeline of ``source`` (source -> preprocess -> track -> postprocess) into your own ``sinks``, with
+    ``tracker`` (yours to close).  Nothing runs until :meth:`Pipeline.start`; add prompts while it runs with
+    :meth:`Pipeline.send_control`.  The same assembly as the command line's, so buffer rings and queue bounds
+    agree."""
+    return assemble_track(
+        open_source(str(source)),
+        tracker,
+        sinks,
+        prompts=prompts,
+        queue_size=queue_size,
+        name=name or Path(str(source)).name or "stream",
+    )
+
+
 def open(
     source: str | Path,
     *,
@@ -223,4 +246,4 @@ def open(
     return Stream(pipe, results, loaded if owned else None)
 
 
-__all__ = ["Stream", "open", "prompts_from", "track"]
+__all__ = ["Stream", "build_pipeline", "open", "prompts_from", "track"]

@@ -10,20 +10,13 @@ from __future__ import annotations
 
 import sys
 
-from vostream.pipeline import Pipeline
-from vostream.pipeline.stage import Sink, SinkSpec
-from vostream.pipeline.types import Frame, Prompt
-from vostream.stages.postprocess import PostprocessStage
-from vostream.stages.preprocess import PreprocessStage
-from vostream.stages.sources import open_source, probe
-from vostream.stages.track import TrackStage
-from vostream.stages.trackers import load_tracker
+import vostream
 
 
-class PrintSink(Sink[Frame]):
+class PrintSink(vostream.Sink[vostream.Frame]):
     name = "print"
 
-    def write(self, frame: Frame) -> None:
+    def write(self, frame: vostream.Frame) -> None:
         result = frame.result
         assert result is not None and result.masks is not None  # postprocess ran
         rows = [
@@ -37,27 +30,26 @@ class PrintSink(Sink[Frame]):
         pass
 
 
-class PrintSinkSpec(SinkSpec[Frame]):
+class PrintSinkSpec(vostream.SinkSpec[vostream.Frame]):
     name = "print"
 
-    def build(self) -> Sink[Frame]:
+    def build(self) -> vostream.Sink[vostream.Frame]:
         return PrintSink()
 
 
 def main(video: str, x: float, y: float) -> None:
-    info = probe(video)
-    tracker = load_tracker("classic")
-    stages = [
-        PreprocessStage(tracker.input_spec),
-        TrackStage(tracker, [Prompt(1, 0, [[x, y]], [1])]),
-        PostprocessStage(),
-    ]
-    pipe = Pipeline(open_source(video), stages, [PrintSinkSpec()], name="example")
-    pipe.start()
-    pipe.send_control(
-        Prompt(2, max(1, (info.frames or 2) // 2), [[x, y]], [1])
-    )  # applied when that frame comes
-    report = pipe.wait()
+    info = vostream.probe(video)
+    tracker = vostream.load_tracker("classic")
+    try:
+        pipe = vostream.build_pipeline(
+            video, tracker, [PrintSinkSpec()], prompts=[vostream.Prompt(1, 0, [[x, y]], [1])]
+        )
+        pipe.start()
+        # applied when that frame comes
+        pipe.send_control(vostream.Prompt(2, max(1, (info.frames or 2) // 2), [[x, y]], [1]))
+        report = pipe.wait()
+    finally:
+        tracker.close()
     print(report.summary())
 
 

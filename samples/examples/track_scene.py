@@ -15,9 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vostream.apps.config import TrackSettings
-from vostream.apps.track import run_track
-from vostream.pipeline.types import Prompt
+import vostream
 from vostream.samples.scenes import SCENES, render_scene, score_sequence, write_scene
 
 
@@ -32,12 +30,10 @@ def main() -> None:
     scene = render_scene(args.scene, w, h)
     out = Path(args.out or tempfile.mkdtemp(prefix="vostream-example-"))
     video = write_scene(scene, out / f"{scene.name}.mp4")
-    prompts = [Prompt(oid, 0, [scene.click(oid)], [1]) for oid in scene.obj_ids]  # one click per object
-    report = run_track(
-        TrackSettings(
-            source=str(video), out=str(out / "result"), save=("png", "json"), prompts=prompts, quiet=True
-        )
-    )
+    prompts = [
+        vostream.Prompt(oid, 0, [scene.click(oid)], [1]) for oid in scene.obj_ids
+    ]  # one click per object
+    report = vostream.track(video, prompts=prompts, out=out / "result", save=("png", "json"))
 
     labels = [np.asarray(Image.open(out / "result" / "masks" / f"{i:05d}.png")) for i in range(report.frames)]
     score = score_sequence(labels, scene)
