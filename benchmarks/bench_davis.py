@@ -310,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                     "work_size": args.work_size,
                     "baseline": args.baseline,
                     "seeds": args.seeds,
+                    "params": args.param,
                     "summary": summary,
                     "per_sequence": results,
                 },

@@ -71,6 +71,11 @@ DEV_SPLIT: tuple[str, ...] = (
 )
 assert len(DEV_SPLIT) == 40 and len(set(DEV_SPLIT)) == 40
 
+#: The cross-validation folds of the dev split: 4 x 10 sequences, the alphabetical list dealt out in turn (fixed, so
+#: that figures from different sessions are comparable).  Parameters are chosen on three folds and reported on the
+#: fourth, rotating (``benchmarks/davis_cv.py``).
+FOLDS: tuple[tuple[str, ...], ...] = tuple(tuple(sorted(DEV_SPLIT)[k::4]) for k in range(4))
+
 
 def check_names(names: list[str]) -> list[str]:
     """``names`` if every one is a dev-split sequence; ValueError otherwise."""
