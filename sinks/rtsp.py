@@ -157,6 +157,26 @@ def _server_sockets(host: str, port: int) -> dict[int, socket.socket]:
     return found
 
 
+def rtsp_answers(url: str, timeout: float) -> str | None:
+    """``None`` when the RTSP server at ``url`` answers an ``OPTIONS`` request within ``timeout`` seconds, else why
+    not.  Plain sockets, so the GIL is released while waiting: checking a server that stopped reading costs the
+    process nothing, where FFmpeg's handshake would freeze it for ``timeout``."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "", parts.port or 554
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(f"OPTIONS {url} RTSP/1.0\r\nCSeq: 1\r\nUser-Agent: vostream\r\n\r\n".encode())
+            reply = sock.recv(64)
+    except TimeoutError:
+        return f"the server did not answer within {timeout:g} s"
+    except OSError as err:
+        return f"{type(err).__name__}: {err}"
+    if not reply.startswith(b"RTSP/"):
+        return f"the server did not answer as an RTSP server ({reply[:16]!r})"
+    return None
+
+
 class _Publisher:
     """One connection to the server: container + H.264 stream.  Used by the publisher thread only, except
     :meth:`abort` (any thread), which shuts the connection's TCP sockets down so that a write blocked on a server
@@ -169,11 +189,15 @@ class _Publisher:
         before = _server_sockets(host, port)
         for dup in before.values():
             dup.close()
+        # PyAV runs the RTSP handshake (avformat_write_header, in start_encoding) holding the GIL, and PyAV's own
+        # timeout does not reach it: a server that accepts the connection but never answers (a stopped relay)
+        # froze every thread of the process, signal handling included, for good.  FFmpeg's socket I/O timeout
+        # ("timeout", microseconds) bounds the handshake, and every later read or write, to open_timeout.
         self.container: Any = av.open(
             spec.url,
             "w",
             format="rtsp",
-            options={"rtsp_transport": spec.transport},
+            options={"rtsp_transport": spec.transport, "timeout": str(round(spec.open_timeout * 1e6))},
             timeout=(spec.open_timeout, spec.open_timeout),
         )
         try:
@@ -256,6 +280,8 @@ class RtspSink(Sink[Frame]):
         self._pub: _Publisher | None = None  # the publisher thread's connection, for the watchdog
         self._busy_since: float | None = None  # monotonic start of the write in progress (publisher thread)
         self._stuck: str | None = None  # set by the watchdog: the server stopped reading
+        # the server holds connections without answering (a stall, a handshake timeout): probe before reconnecting
+        self._unresponsive = False
         self._size: tuple[int, int] | None = None
         self._closed = False
         self._opened = False
@@ -377,6 +403,7 @@ class RtspSink(Sink[Frame]):
                 except (av.error.FFmpegError, OSError) as err:
                     stuck, self._stuck = self._stuck, None
                     self.error = stuck or f"{type(err).__name__}: {err}"
+                    self._unresponsive = stuck is not None
                     if not stuck:
                         logger.warning(
                             "rtsp output %s: the server went away (%s); reconnecting", spec.url, err
@@ -411,6 +438,17 @@ class RtspSink(Sink[Frame]):
 
     def _connect(self, width: int, height: int) -> _Publisher | None:
         self.supervisor.connecting()
+        if self._unresponsive:
+            # The server accepts connections but does not answer (it stopped reading): ask it first, without
+            # FFmpeg, whose handshake would freeze the process for open_timeout (see rtsp_answers).  Only then: a
+            # one-shot receiver (ffmpeg -rtsp_flags listen) accepts a single connection, which a probe would use.
+            why = rtsp_answers(self.spec.url, self.spec.open_timeout)
+            if why is not None:
+                self.error = why
+                self._unresponsive = why.startswith("the server did not answer")
+                logger.warning("rtsp output %s: cannot connect (%s)", self.spec.url, why)
+                return None
+        started = time.monotonic()
         try:
             # Note: PyAV holds the GIL during the RTSP handshake (avformat_write_header), so a server that accepts
             # the TCP connection but never answers freezes the process's Python threads for up to open_timeout.
@@ -418,6 +456,8 @@ class RtspSink(Sink[Frame]):
             pub = _Publisher(self.spec, width, height)
         except Exception as err:  # noqa: BLE001 - a server that is down is retried, not fatal
             self.error = f"{type(err).__name__}: {err}"
+            # failed only when the I/O timeout ran out: the server took the connection and never answered
+            self._unresponsive = time.monotonic() - started >= 0.9 * self.spec.open_timeout
             logger.warning("rtsp output %s: cannot connect (%s)", self.spec.url, err)
             return None
         self.supervisor.connected()
@@ -484,4 +524,4 @@ def rtsp_out_spec(settings: Any, fps: float | None) -> RtspSinkSpec:
     )
 
 
-__all__ = ["RtspSink", "RtspSinkSpec", "TIME_BASE", "draw_banner", "rtsp_out_spec"]
+__all__ = ["RtspSink", "RtspSinkSpec", "TIME_BASE", "draw_banner", "rtsp_answers", "rtsp_out_spec"]

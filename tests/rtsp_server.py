@@ -51,15 +51,17 @@ def server_available() -> str | None:
 
 
 class RtspServer:
-    """Test-side handle of one server process serving ``clip`` at ``rtsp://127.0.0.1:PORT/live``.
+    """Test-side handle of one server process serving ``clip`` at ``rtsp://127.0.0.1:PORT/live`` (or, with
+    ``record=True``, receiving what a publisher sends there, as a relay does).
 
     :meth:`start` (port 0: a free one; the same port again after :meth:`kill` restarts it at the same URL),
     :meth:`kill` (SIGKILL: the connection drops), :meth:`pause`/:meth:`resume` (SIGSTOP/SIGCONT: a stalled
     server with its sockets still open), :meth:`close` (idempotent; always kills).  Use as a context manager."""
 
-    def __init__(self, clip: str | Path, path: str = "/live") -> None:
-        self.clip = str(clip)
+    def __init__(self, clip: str | Path | None, path: str = "/live", record: bool = False) -> None:
+        self.clip = "" if clip is None else str(clip)
         self.path = path
+        self.record = record  # a relay that receives a publisher's stream (clip unused)
         self.port = 0
         self.proc: subprocess.Popen[str] | None = None
 
@@ -73,7 +75,8 @@ class RtspServer:
         deadline = time.monotonic() + timeout
         while True:
             self.proc = subprocess.Popen(
-                [SYSTEM_PYTHON, __file__, "--file", self.clip, "--port", str(port), "--path", self.path],
+                [SYSTEM_PYTHON, __file__, "--file", self.clip, "--port", str(port), "--path", self.path]
+                + (["--record"] if self.record else []),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -130,9 +133,14 @@ def serving(clip: Path) -> Iterator[RtspServer]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--file", required=True, help="H.264 MP4 to serve")
+    parser.add_argument("--file", default="", help="H.264 MP4 to serve")
     parser.add_argument("--port", type=int, default=0, help="TCP port (0: pick a free one)")
     parser.add_argument("--path", default="/live", help="mount path (default /live)")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="accept a publisher instead (ANNOUNCE/RECORD of H.264, received and discarded); --file is unused",
+    )
     args = parser.parse_args()
 
     import gi
@@ -150,6 +158,11 @@ def main() -> int:
         f"rtph264pay name=pay0 pt=96 config-interval=1 )"
     )
     factory = GstRtspServer.RTSPMediaFactory()
+    if args.record:  # a relay's receiving side: what a publisher sends is depayloaded and dropped
+        launch = "( rtph264depay name=depay0 ! h264parse ! fakesink async=false )"
+        factory.set_transport_mode(GstRtspServer.RTSPTransportMode.RECORD)
+    elif not args.file:
+        parser.error("--file is required unless --record")
     factory.set_launch(launch)
     factory.set_shared(False)
     server.get_mount_points().add_factory(args.path, factory)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -165,6 +166,55 @@ def test_ctrl_c_with_a_relay_that_stopped_reading(tmp_path: Path) -> None:
     rtsp = {n["name"]: n for n in summary["metrics"]["nodes"]}["rtsp"]["extra"]
     assert rtsp["stalls"] >= 1 and "stopped reading" in rtsp["last_stall"]
     assert rtsp["sent"] >= 1
+
+
+@needs_server
+def test_ctrl_c_while_reconnecting_to_a_stopped_rtsp_relay(tmp_path: Path) -> None:
+    """The fault as it was found: a real RTSP server receiving the output (GStreamer, RECORD mode) is stopped with
+    SIGSTOP.  The write timeout fires and the sink reconnects -- to a server whose kernel still accepts the TCP
+    connection but never answers.  FFmpeg's RTSP handshake then blocked for good holding the GIL: every thread
+    froze, three SIGINTs did nothing, and the run left ``*.tmp`` files and no summary.  Ctrl-C must now finish
+    within 10 s with every output final."""
+    out = tmp_path / "run"
+    # a live input (random pictures played in real time by another RTSP server, 30 s): the run lasts as long as
+    # the feed, and its ~100 KB frames fill the stopped relay's socket buffers within a second or two
+    with RtspServer(noise_clip(frames=900)) as camera, RtspServer(None, path="/out", record=True) as relay:
+        camera.start()
+        relay.start()
+        proc = harness.start_cli(
+            ["track", camera.url, "--point", "240,180", "--rtsp-out", relay.url, "--out", out]
+            + ["--save", "video,json,mot"],
+            timeout=120,
+        )
+        err = Lines(proc.stderr)
+        took = None
+        try:
+            assert harness.wait_for(lambda: established(relay.port), 30), "the RTSP output never connected"
+            time.sleep(1.0)  # frames flow to the relay
+            relay.pause()
+            assert harness.wait_for(lambda: err.has("reconnecting"), 20), "".join(err.lines)[-2000:]
+            time.sleep(2.0)  # past the backoff (0.5 s): a reconnect attempt is under way
+            assert proc.poll() is None, "".join(err.lines)[-2000:]
+            harness.signal_child(proc, signal.SIGINT)
+            t0 = time.monotonic()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(30)
+            took = time.monotonic() - t0
+        finally:
+            relay.resume()
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+    err.thread.join(5)
+    text = "".join(err.lines)
+    assert proc.returncode == 130, (proc.returncode, text[-2000:])
+    assert took is not None and took < 10, took
+    names = sorted(p.name for p in out.iterdir())
+    assert not [n for n in names if n.endswith(".tmp")], names  # every output final
+    assert {"mot.txt", "overlay.mp4", "summary.json"} <= set(names), names
+    assert any(n.startswith("annotations") and n.endswith(".json") for n in names), names  # live: segments
+    rtsp = {n["name"]: n for n in json.loads((out / "summary.json").read_text())["metrics"]["nodes"]}["rtsp"]
+    assert rtsp["extra"]["stalls"] >= 1 and rtsp["extra"]["sent"] >= 1
 
 
 @needs_server
