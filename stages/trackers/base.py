@@ -14,6 +14,10 @@ from typing import Any, Literal
 
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 
+#: points (clicks, and a box's two corners) per object per frame: the size of the SAM-2 sessions' point buffers
+#: (a prompt may fill all but one slot) and the limit the viewer protocol announces and enforces
+MAX_POINTS = 64
+
 
 @dataclass(frozen=True)
 class InputSpec:

@@ -20,13 +20,11 @@ import numpy as np
 from vostream.pipeline.errors import BackendError, PromptError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 
-from ..base import StepAborted, TrackerSession
+from ..base import MAX_POINTS, StepAborted, TrackerSession
 from .manifest import Manifest
 from .runtime import DeviceBuffer, Runtime, TransferStats
 
 logger = logging.getLogger(__name__)
-
-MAX_POINTS = 64  # points (clicks + box corners) per object per frame
 
 
 @functools.lru_cache(maxsize=64)
