@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from vostream.apps.config import read_user_file
+from vostream.apps.userfiles import read_user_file
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.types import MAX_OBJECTS, Prompt, check_obj_id
 from vostream.stages.trackers.prompting import starts_object
