@@ -79,7 +79,8 @@ class TrackerSession(ABC):
     def add_prompt(self, prompt: Prompt) -> None:
         """Queue a prompt for the next :meth:`step`.  A new ``obj_id`` starts an object; a known one is corrected
         (its prompts on that frame are replaced by these).  Raises :class:`PromptError` for a prompt that cannot be
-        applied (a point outside the frame, only negative points for an unknown object)."""
+        applied (a point outside the frame, only negative points for an unknown object).  The sessions keep their
+        pending prompts in a :class:`~vostream.stages.trackers.prompting.PromptBook`, which holds these rules."""
 
     @abstractmethod
     def remove_object(self, obj_id: int) -> None:
