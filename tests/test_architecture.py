@@ -5,6 +5,7 @@ folder names alone."""
 from __future__ import annotations
 
 import ast
+import graphlib
 import os
 import re
 from pathlib import Path
@@ -155,3 +156,49 @@ def test_docs_architecture_names_every_module_and_no_stale_one():
     tops = ("vostream/", "pipeline/", "stages/", "sinks/", "web/", "samples/")
     stale = sorted(p for p in named if p.startswith(tops) and not (ROOT / p).exists())
     assert not stale, "docs/architecture.md names modules that do not exist: " + ", ".join(stale)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the product modules it imports (at module level or inside functions: a lazy import still ties the
+    two modules together).  ``from a.b import c`` counts as an import of ``a.b.c`` when that is a module, else of
+    ``a.b``; the parent packages a Python import also runs are not edges."""
+    paths = {module_name(path): path for path in product_modules()}
+
+    def module_of(name: str) -> str:
+        while name not in paths and "." in name:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        graph[name] = {module_of(mod) for _, mod in imports_of(path, name)} - {name}
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` (its first module repeated at the end), or None when it has none."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        return list(reversed(exc.args[1]))  # graphlib lists it against the edges' direction
+    return None
+
+
+def test_no_module_imports_itself_through_others():
+    """No import cycle anywhere in the product (``vostream.apps`` included): two modules that need each other
+    are one module, or a third one holds what both need."""
+    cycle = import_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) in (
+        ["a", "b", "c", "a"],
+        ["b", "c", "a", "b"],
+        ["c", "a", "b", "c"],
+    )
+    graph = import_graph()
+    # edges name modules, relative imports resolved
+    assert "vostream.pipeline.types" in graph["vostream.stages.trackers.base"]
+    assert "vostream.stages.trackers.base" in graph["vostream.stages.trackers.sam2.session"]

@@ -14,6 +14,10 @@ from typing import Any, Literal
 
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 
+#: points (clicks, and a box's two corners) per object per frame: the size of the SAM-2 sessions' point buffers
+#: (a prompt may fill all but one slot) and the limit the viewer protocol announces and enforces
+MAX_POINTS = 64
+
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -75,7 +79,8 @@ class TrackerSession(ABC):
     def add_prompt(self, prompt: Prompt) -> None:
         """Queue a prompt for the next :meth:`step`.  A new ``obj_id`` starts an object; a known one is corrected
         (its prompts on that frame are replaced by these).  Raises :class:`PromptError` for a prompt that cannot be
-        applied (a point outside the frame, only negative points for an unknown object)."""
+        applied (a point outside the frame, only negative points for an unknown object).  The sessions keep their
+        pending prompts in a :class:`~vostream.stages.trackers.prompting.PromptBook`, which holds these rules."""
 
     @abstractmethod
     def remove_object(self, obj_id: int) -> None:

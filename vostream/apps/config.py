@@ -21,13 +21,12 @@ options in a ``[tracker]`` table.  Example (``docs/config.md`` has the full refe
 
 from __future__ import annotations
 
-import os
-import stat
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from vostream.apps.userfiles import read_user_file
 from vostream.pipeline.errors import ConfigError
 from vostream.pipeline.stage import POLICIES
 
@@ -88,53 +87,6 @@ class TrackSettings:
 _SIMPLE_KEYS = {f.name for f in fields(TrackSettings)} - {"prompts", "prompts_file"}
 _CONFIG_KEYS = _SIMPLE_KEYS | {"prompts"}
 _PATH_KEYS = {"source", "out", "model"}  # relative paths in a config file are relative to the file
-
-
-#: the largest prompts, config or list file read (they are read whole; real ones are a few KiB)
-MAX_USER_FILE_BYTES = 16 * 1024 * 1024
-
-
-def read_user_file(
-    path: str | Path, what: str, error: type[ConfigError] = ConfigError, limit: int = MAX_USER_FILE_BYTES
-) -> bytes:
-    """The bytes of a user-given file that is read whole (prompts, config, list files): a regular file of at most
-    ``limit`` bytes, else ``error`` (exit 2) naming it.  A device (``/dev/zero``: unbounded) or a FIFO (blocks until
-    a writer comes) is refused without reading it: the file is opened non-blocking and checked with ``fstat``."""
-    p = Path(path)
-    where = f"{what} {str(p)!r}"
-    try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise error(f"{where}: no such file") from None
-    except OSError as exc:
-        raise error(f"{where}: cannot be read ({exc.strerror or exc})") from exc
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = next(
-                (name for test, name in _FILE_KINDS if test(st.st_mode)),
-                "special file",
-            )
-            raise error(f"{where}: not a regular file (a {kind}); give a file of at most {limit >> 20} MiB")
-        too_big = f"{where}: larger than the {limit >> 20} MiB limit; is it the right file?"
-        if st.st_size > limit:
-            raise error(too_big)
-        try:
-            data = fh.read(limit + 1)
-        except OSError as exc:
-            raise error(f"{where}: cannot be read ({exc.strerror or exc})") from exc
-    if len(data) > limit:  # it grew while we read
-        raise error(too_big)
-    return data
-
-
-_FILE_KINDS = (
-    (stat.S_ISDIR, "directory"),
-    (stat.S_ISFIFO, "FIFO"),
-    (stat.S_ISCHR, "character device"),
-    (stat.S_ISBLK, "block device"),
-    (stat.S_ISSOCK, "socket"),
-)
 
 
 def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vostream.apps.config import read_user_file
 from vostream.apps.prompts import prompts_from_dicts
+from vostream.apps.userfiles import read_user_file
 from vostream.pipeline.errors import PromptError
 
 logger = logging.getLogger(__name__)

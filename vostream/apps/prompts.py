@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from vostream.apps.config import read_user_file
+from vostream.apps.userfiles import read_user_file
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.types import MAX_OBJECTS, Prompt, check_obj_id
+from vostream.stages.trackers.prompting import starts_object
 
 _ENTRY_KEYS = {"obj", "frame", "points", "labels", "box", "mask", "remove"}
 
@@ -181,7 +182,7 @@ def check_prompt_sequence(
             if width is not None and height is not None:
                 msg.check_bounds(width, height, source)
             if msg.obj_id not in alive:
-                if not (len(msg.positive_points) or msg.box is not None or msg.mask is not None):
+                if not starts_object(msg):  # the tracker sessions' rule, checked for the whole schedule
                     raise PromptError(
                         f"object {msg.obj_id}: its first prompt (frame {msg.frame_index}) has only negative points; "
                         "an object must start with a positive point, a box or a mask"

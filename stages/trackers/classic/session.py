@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
-from vostream.pipeline.errors import BackendError, PromptError
+from vostream.pipeline.errors import BackendError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 
 from ..base import StepAborted, TrackerSession
+from ..prompting import PromptBook, starts_object
 from .appearance import ColourModel, bhattacharyya, histogram, quantise
 from .motion import FlowEstimator, similarity_from_flow
 from .segment import (
@@ -216,7 +217,7 @@ class ClassicSession(TrackerSession):
         self._flow = FlowEstimator(flow_preset)
         self._flow_back = FlowEstimator(flow_preset)
         self._tracks: dict[int, _Track] = {}
-        self._pending: dict[int, Prompt] = {}
+        self._prompts = PromptBook()  # prompts waiting for their frame
         self._prev_gray: np.ndarray | None = None
         self._prev_index = 0
         self._gap = 1  # frame indices between the previous processed frame and this one (skipped frames)
@@ -226,37 +227,21 @@ class ClassicSession(TrackerSession):
     # ---------------------------------------------------------------------------------------------- prompts
     @property
     def object_ids(self) -> list[int]:
-        ids = list(self._tracks)
-        ids += [i for i in self._pending if i not in self._tracks]
-        return ids
+        return self._prompts.object_ids(self._tracks)
 
     def add_prompt(self, prompt: Prompt) -> None:
-        if not isinstance(prompt, Prompt):
-            raise PromptError(f"add_prompt expects a Prompt, got {type(prompt).__name__}")
-        oid = int(prompt.obj_id)
-        only_negative = prompt.box is None and prompt.mask is None and not np.any(prompt.labels == 1)
-        if only_negative and oid not in self._tracks and oid not in self._pending:
-            raise PromptError(
-                f"object {oid}: a prompt with only negative points needs a known object; add a "
-                f"positive point, a box or a mask to start object {oid}"
-            )
+        prompt = self._prompts.check(prompt, self._tracks)
         if self._src_size is not None:
             prompt.check_bounds(*self._src_size, source="the stream")
-        if only_negative and oid in self._pending and oid not in self._tracks:
-            # merge the negatives into the pending prompt that starts this object
-            prompt = self._pending[oid].with_points_of(prompt)
-        self._pending[oid] = prompt
+        self._prompts.add(prompt, self._tracks)
 
     def remove_object(self, obj_id: int) -> None:
-        oid = int(obj_id)
-        if oid not in self._tracks and oid not in self._pending:
-            raise PromptError(f"cannot remove object {oid}: it is not tracked (known ids: {self.object_ids})")
-        self._tracks.pop(oid, None)
-        self._pending.pop(oid, None)
+        self._prompts.remove(obj_id, self._tracks)
+        self._tracks.pop(int(obj_id), None)
 
     def reset(self) -> None:
         self._tracks.clear()
-        self._pending.clear()
+        self._prompts.clear()
         self._prev_gray = None
 
     # ---------------------------------------------------------------------------------------------- step
@@ -277,7 +262,8 @@ class ClassicSession(TrackerSession):
             )
         src = (frame.width, frame.height)
         h, w = img.shape[:2]
-        for p in self._pending.values():  # validate everything before changing any state
+        pending = self._prompts.due(frame.index)
+        for p in pending.values():  # validate everything before changing any state
             p.check_bounds(*src, source=f"frame {frame.index}")
         if self._work_size is not None and self._work_size != (w, h):
             self._rescale(w, h)
@@ -285,12 +271,8 @@ class ClassicSession(TrackerSession):
 
         gray = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY)
         qidx = quantise(img)
-        pending, self._pending = self._pending, {}
-        refresh = {
-            oid
-            for oid, p in pending.items()
-            if p.box is not None or p.mask is not None or np.any(p.labels == 1)
-        }
+        self._prompts.take(pending)
+        refresh = {oid for oid, p in pending.items() if starts_object(p)}
         need_flow = any(t.present and oid not in refresh for oid, t in self._tracks.items())
         flow = None
         if need_flow and self._prev_gray is not None and self._prev_gray.shape == gray.shape:

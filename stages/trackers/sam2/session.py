@@ -20,13 +20,12 @@ import numpy as np
 from vostream.pipeline.errors import BackendError, PromptError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 
-from ..base import StepAborted, TrackerSession
+from ..base import MAX_POINTS, StepAborted, TrackerSession
+from ..prompting import PromptBook
 from .manifest import Manifest
 from .runtime import DeviceBuffer, Runtime, TransferStats
 
 logger = logging.getLogger(__name__)
-
-MAX_POINTS = 64  # points (clicks + box corners) per object per frame
 
 
 @functools.lru_cache(maxsize=64)
@@ -151,7 +150,7 @@ class Sam2Session(TrackerSession):
         self._h_iou = np.empty((1, 4), np.float32)
         self._h_score = np.empty((1, 1), np.float32)
         self._objects: dict[int, _Object] = {}
-        self._pending: dict[int, Prompt] = {}
+        self._prompts = PromptBook()  # prompts waiting for their frame
         self._steps = 0
         self._closed = False
         self.stats = Sam2Stats()
@@ -161,24 +160,17 @@ class Sam2Session(TrackerSession):
     # ------------------------------------------------------------------------------------------- prompts
     @property
     def object_ids(self) -> list[int]:
-        return list(self._objects) + [i for i in self._pending if i not in self._objects]
+        return self._prompts.object_ids(self._objects)
 
     def add_prompt(self, prompt: Prompt) -> None:
-        if not isinstance(prompt, Prompt):
-            raise PromptError(f"add_prompt expects a Prompt, got {type(prompt).__name__}")
+        prompt = self._prompts.check(prompt, self._objects)
         oid = int(prompt.obj_id)
-        has_pos = prompt.box is not None or prompt.mask is not None or bool(np.any(prompt.labels == 1))
         if prompt.mask is not None and (len(prompt.points) or prompt.box is not None):
             raise PromptError(
                 f"object {oid}: give either a mask or points/box on one frame, not both "
                 "(the SAM-2 models take a mask prompt on its own)"
             )
-        if not has_pos and oid not in self._objects and oid not in self._pending:
-            raise PromptError(
-                f"object {oid}: a prompt with only negative points needs a known object; add a "
-                f"positive point, a box or a mask to start object {oid}"
-            )
-        known = set(self._objects) | set(self._pending)
+        known = self.object_ids
         if self.max_objects is not None and oid not in known and len(known) >= self.max_objects:
             raise PromptError(
                 f"object {oid}: this session already tracks {len(known)} objects, the most the "
@@ -190,17 +182,11 @@ class Sam2Session(TrackerSession):
                 f"object {oid}: at most {limit} points (a box counts as two) per object per frame "
                 f"on the {self.rt.name} runtime"
             )
-        if not has_pos and oid in self._pending and oid not in self._objects:
-            # merge negatives into the pending prompt that starts this object
-            prompt = self._pending[oid].with_points_of(prompt)
-        self._pending[oid] = prompt
+        self._prompts.add(prompt, self._objects)
 
     def remove_object(self, obj_id: int) -> None:
-        oid = int(obj_id)
-        if oid not in self._objects and oid not in self._pending:
-            raise PromptError(f"cannot remove object {oid}: it is not tracked (known ids: {self.object_ids})")
-        self._pending.pop(oid, None)
-        obj = self._objects.pop(oid, None)
+        self._prompts.remove(obj_id, self._objects)
+        obj = self._objects.pop(int(obj_id), None)
         if obj is not None:
             self.rt.free(obj.bank)
             self.rt.free(obj.ptrs)
@@ -208,7 +194,7 @@ class Sam2Session(TrackerSession):
     def reset(self) -> None:
         for oid in list(self._objects):
             self.remove_object(oid)
-        self._pending.clear()
+        self._prompts.clear()
         self._steps = 0
 
     def close(self) -> None:
@@ -300,13 +286,12 @@ class Sam2Session(TrackerSession):
                 f"stage with the tracker's input_spec), got {got}"
             )
         src_w, src_h = frame.width, frame.height
-        due = {oid: p for oid, p in self._pending.items() if p.frame_index <= frame.index}
+        due = self._prompts.due(frame.index)
         inputs: dict[int, _Input] = {}
         for oid, p in due.items():  # validate everything before changing any state
             p.check_bounds(src_w, src_h, source="the stream")
             inputs[oid] = self._to_model(p, src_w, src_h)
-        for oid in due:
-            del self._pending[oid]
+        self._prompts.take(due)
         if not self._objects and not inputs:  # nothing to track yet (e.g. a live feed before the first click)
             return TrackResult(
                 frame.index,

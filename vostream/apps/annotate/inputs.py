@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vostream.apps.config import read_user_file
+from vostream.apps.userfiles import read_user_file
 from vostream.pipeline.errors import ConfigError
 
 logger = logging.getLogger(__name__)

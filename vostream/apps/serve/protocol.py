@@ -18,10 +18,10 @@ import msgpack
 
 from vostream.pipeline.errors import ConfigError
 from vostream.pipeline.types import outside_frame
+from vostream.stages.trackers.base import MAX_POINTS
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
-MAX_POINTS = 64
 MAX_OBJ_ID = 255
 MAX_SOURCE_CHARS = 1024
 MAX_INFLIGHT = 8
