@@ -151,13 +151,35 @@ def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``vostream`` parser: one subcommand per application, each adding its own arguments."""
     parser = argparse.ArgumentParser(
         prog="vostream", description="Streaming video object tracking: click an object, follow it with masks."
     )
     parser.add_argument("--version", action="version", version=f"vostream {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_track_parser(sub)
+    _add_demo_parser(sub)
+    _add_export_parser(sub)
+    from vostream.apps.annotate.batch import add_annotate_parser
 
-    t = sub.add_parser(
+    add_annotate_parser(sub, _add_common)
+
+    from vostream.apps.serve.server import add_serve_parser
+
+    add_serve_parser(sub, _add_common)
+
+    from vostream.apps.doctor import add_doctor_parser
+
+    add_doctor_parser(sub, _add_common)
+
+    from vostream.apps.deploy import add_run_parser
+
+    add_run_parser(sub, _add_common)
+    return parser
+
+
+def _add_track_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
         "track",
         help="track objects through a video file or frames directory",
         description="Track objects from prompts through SOURCE and write the outputs to --out.",
@@ -172,21 +194,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--model exports/sam2.1-tiny --provider cuda\n\n"
         "docs: docs/prompts.md (prompts), docs/config.md (config), docs/outputs.md (formats)",
     )
-    t.add_argument(
+    p.add_argument(
         "source", nargs="?", help="video file (any format FFmpeg reads) or directory of numbered frames"
     )
-    t.add_argument("--out", "-o", metavar="DIR", help="output directory")
-    t.add_argument(
+    p.add_argument("--out", "-o", metavar="DIR", help="output directory")
+    p.add_argument(
         "--save",
         metavar="FORMATS",
         help="comma-separated outputs: video (annotated MP4), png (DAVIS palette PNGs), "
         "json (YouTube-VIS style with COCO RLE), mot (MOT text); default video,json,mot",
     )
-    t.add_argument(
+    p.add_argument(
         "--config", metavar="FILE.toml", help="TOML file with any of these options; flags override it"
     )
-    _add_prompt_options(t)
-    g = t.add_argument_group("tracker")
+    _add_prompt_options(p)
+    _add_tracker_options(p)
+    _add_pipeline_options(p)
+    _add_live_options(p)
+    _add_common(p)
+
+
+def _add_tracker_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("tracker")
     g.add_argument(
         "--backend",
         help="tracker backend: classic (default; no weights needed) or onnx (a SAM 2.1 / "
@@ -208,7 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--device-id", type=int, metavar="N", help="accelerator index: the CUDA device for onnx (default 0)"
     )
-    g = t.add_argument_group("pipeline")
+
+
+def _add_pipeline_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("pipeline")
     g.add_argument("--queue-size", type=int, metavar="N", help="capacity of every queue (default 8)")
     g.add_argument(
         "--max-queue-mib",
@@ -239,7 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="FFmpeg threads of a video file's decoder and of the video encoder (default: FFmpeg's choice)",
     )
-    g = t.add_argument_group("live feeds (rtsp://, http(s)://, /dev/videoN; docs/live.md)")
+
+
+def _add_live_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("live feeds (rtsp://, http(s)://, /dev/videoN; docs/live.md)")
     g.add_argument("--rtsp-out", metavar="URL", help="publish the annotated stream to this rtsp:// URL")
     g.add_argument("--rtsp-transport", choices=("tcp", "udp"), help="RTSP source transport (default tcp)")
     g.add_argument("--open-timeout", type=float, metavar="S", help="seconds to connect (default 10)")
@@ -278,24 +313,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--rtsp-out-gop", type=int, metavar="N", help="RTSP output keyframe interval (default: 1 s)"
     )
-    _add_common(t)
 
-    d = sub.add_parser(
+
+def _add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
         "demo",
         help="make a sample scene (if absent) and track it, writing every output",
         description="Generates a synthetic scene with ground truth into the samples folder "
         "(once), tracks it from one click per object and writes all outputs.",
     )
-    d.add_argument(
+    p.add_argument(
         "--out", "-o", metavar="DIR", default="out/demo", help="output directory (default out/demo)"
     )
-    d.add_argument("--scene", default="crossing", help="which synthetic scene (default crossing)")
-    d.add_argument(
+    p.add_argument("--scene", default="crossing", help="which synthetic scene (default crossing)")
+    p.add_argument(
         "--samples-dir", metavar="DIR", help="where sample media are kept (default: the samples folder)"
     )
-    _add_common(d)
+    _add_common(p)
 
-    e = sub.add_parser(
+
+def _add_export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
         "export",
         help="export a SAM 2.1 / EdgeTAM / SAM 3 checkpoint for --backend onnx",
         description="Convert a Hugging Face transformers checkpoint of a SAM-2-family video model "
@@ -316,24 +354,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--model exports/sam2.1-tiny\n\n"
         "docs: docs/sam2-backend.md",
     )
-    e.add_argument(
+    p.add_argument(
         "model", metavar="MODEL", help="Hugging Face hub id or local directory written by save_pretrained"
     )
-    e.add_argument("--out", "-o", metavar="DIR", required=True, help="directory to write the export into")
-    e.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default 17; at least 17)")
-    e.add_argument(
+    p.add_argument("--out", "-o", metavar="DIR", required=True, help="directory to write the export into")
+    p.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default 17; at least 17)")
+    p.add_argument(
         "--cond-slots",
         type=int,
         metavar="C",
         help="conditioning-frame memory slots kept per object (default: the family's)",
     )
-    e.add_argument(
+    p.add_argument(
         "--fp16",
         action="store_true",
         help="fp16 graphs (LayerNorm, Softmax and the mask sigmoid stay fp32; inputs/outputs stay fp32): "
         "half the size, for GPUs; slower on most CPUs",
     )
-    e.add_argument(
+    p.add_argument(
         "--image-size",
         type=int,
         metavar="PX",
@@ -341,8 +379,17 @@ def build_parser() -> argparse.ArgumentParser:
         "coarser masks: about (PX/1024)^2 of the image encoder's time. SAM 2.1 takes multiples of "
         "32, EdgeTAM of 256, the SAM 3 tracker of 14",
     )
-    e.add_argument("--force", action="store_true", help="replace an existing export in --out")
-    q = e.add_argument_group(
+    p.add_argument("--force", action="store_true", help="replace an existing export in --out")
+    _add_precision_options(p)
+    _add_prompt_options(p)
+    from vostream.apps.export.atc import add_om_arguments
+
+    add_om_arguments(p)
+    _add_common(p)
+
+
+def _add_precision_options(p: argparse.ArgumentParser) -> None:
+    q = p.add_argument_group(
         "INT8 and the precision report (docs/deploy.md section 3); the prompts below say what to track"
     )
     q.add_argument(
@@ -377,28 +424,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="ONNX Runtime intra-op threads for the calibration and the comparison (default: ORT's)",
     )
-    _add_prompt_options(e)
-    from vostream.apps.export.atc import add_om_arguments
-
-    add_om_arguments(e)
-    _add_common(e)
-
-    from vostream.apps.annotate.batch import add_annotate_parser
-
-    add_annotate_parser(sub, _add_common)
-
-    from vostream.apps.serve.server import add_serve_parser
-
-    add_serve_parser(sub, _add_common)
-
-    from vostream.apps.doctor import add_doctor_parser
-
-    add_doctor_parser(sub, _add_common)
-
-    from vostream.apps.deploy import add_run_parser
-
-    add_run_parser(sub, _add_common)
-    return parser
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
