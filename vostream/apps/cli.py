@@ -12,12 +12,18 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from vostream.apps.config import PROVIDERS
+from vostream.apps.config import PROVIDERS, TrackSettings
 from vostream.pipeline.errors import ConfigError, Interrupted, PromptError, VostreamError, describe
 from vostream.pipeline.version import package_version
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from vostream.pipeline.types import Prompt
 
 logger = logging.getLogger("vostream")
 
@@ -31,7 +37,7 @@ class _PromptToken(argparse.Action):
         self,
         parser: argparse.ArgumentParser,
         namespace: argparse.Namespace,
-        values: Any,
+        values: object,
         option_string: str | None = None,
     ) -> None:
         tokens = getattr(namespace, "prompt_tokens", None) or []
@@ -79,18 +85,33 @@ def _add_prompt_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Any]:
+@dataclass
+class _PromptGroup:
+    """The command-line prompts of one object on one frame, as they are read."""
+
+    obj: int
+    frame: int
+    points: list[tuple[float, float]] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    box: tuple[float, float, float, float] | None = None
+    mask: np.ndarray | None = None
+
+    def empty(self) -> bool:
+        return not self.points and self.box is None and self.mask is None
+
+
+def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Prompt]:
     """Group ordered command-line prompt tokens into :class:`Prompt` objects, one per (object, frame)."""
     import numpy as np
 
     from vostream.apps.prompts import load_mask_png, parse_box, parse_xy
     from vostream.pipeline.types import Prompt
 
-    groups: list[dict[str, Any]] = []
-    cur: dict[str, Any] | None = None
+    groups: list[_PromptGroup] = []
+    cur: _PromptGroup | None = None
 
-    def new_group(obj: int, frame: int) -> dict[str, Any]:
-        g = {"obj": obj, "frame": frame, "points": [], "labels": [], "box": None, "mask": None}
+    def new_group(obj: int, frame: int) -> _PromptGroup:
+        g = _PromptGroup(obj, frame)
         groups.append(g)
         return g
 
@@ -116,36 +137,29 @@ def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Any]:
             if cur is None:
                 cur = new_group(next_id, frame)
                 next_id += 1
-            elif cur["points"] or cur["box"] is not None or cur["mask"] is not None:
-                cur = new_group(cur["obj"], frame)  # same object, prompts on another frame
+            elif not cur.empty():
+                cur = new_group(cur.obj, frame)  # same object, prompts on another frame
             else:
-                cur["frame"] = frame
+                cur.frame = frame
             continue
         if cur is None:
             cur = new_group(next_id, 0)
             next_id += 1
         if kind in ("point", "neg"):
-            cur["points"].append(parse_xy(value, opt))
-            cur["labels"].append(1 if kind == "point" else 0)
+            cur.points.append(parse_xy(value, opt))
+            cur.labels.append(1 if kind == "point" else 0)
         elif kind == "box":
-            if cur["box"] is not None:
-                raise PromptError(f"object {cur['obj']}: only one --box per object and frame")
-            cur["box"] = parse_box(value, opt)
+            if cur.box is not None:
+                raise PromptError(f"object {cur.obj}: only one --box per object and frame")
+            cur.box = parse_box(value, opt)
         elif kind == "mask":
-            cur["mask"] = load_mask_png(value)
+            cur.mask = load_mask_png(value)
     out = []
     for g in groups:
-        if not g["points"] and g["box"] is None and g["mask"] is None:
-            raise PromptError(f"--obj {g['obj']} has no --point, --box or --mask")
+        if g.empty():
+            raise PromptError(f"--obj {g.obj} has no --point, --box or --mask")
         out.append(
-            Prompt(
-                g["obj"],
-                g["frame"],
-                np.asarray(g["points"], np.float32).reshape(-1, 2),
-                g["labels"],
-                g["box"],
-                g["mask"],
-            )
+            Prompt(g.obj, g.frame, np.asarray(g.points, np.float32).reshape(-1, 2), g.labels, g.box, g.mask)
         )
     return out
 
@@ -434,7 +448,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
-def _settings_from_args(args: argparse.Namespace) -> Any:
+def _settings_from_args(args: argparse.Namespace) -> TrackSettings:
     from vostream.apps.config import load_config, merge_settings
 
     config = load_config(args.config) if args.config else None

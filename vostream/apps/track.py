@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,11 +167,12 @@ def _track_sinks(settings: TrackSettings, given: _TrackInput, out_dir: Path | No
     live = given.live_source is not None
     # A live feed's video is written on the capture clock (real time: drops and outages stay gaps); a file's
     # at its constant rate.
-    clock: dict[str, Any] = {"fps": None, "clock": "capture"} if live else {"fps": given.info.fps}
+    fps = None if live else given.info.fps
+    video: dict[str, object] = {"clock": "capture"} if live else {}
     if settings.codec_threads:
-        clock["options"] = {"threads": str(settings.codec_threads)}
+        video["options"] = {"threads": str(settings.codec_threads)}
     sinks = (
-        build_file_sinks(out_dir, settings.save, source_name=Path(settings.source).name, **clock)
+        build_file_sinks(out_dir, settings.save, fps=fps, source_name=Path(settings.source).name, **video)
         if out_dir is not None
         else []
     )
@@ -185,7 +187,7 @@ def _track_sinks(settings: TrackSettings, given: _TrackInput, out_dir: Path | No
 
 
 def _track_facts(
-    settings: TrackSettings, given: _TrackInput, out_dir: Path | None, options: dict[str, Any]
+    settings: TrackSettings, given: _TrackInput, out_dir: Path | None, options: Mapping[str, object]
 ) -> dict[str, Any]:
     """Step 3: the run's facts for ``summary.json`` (and, for a live run, its timed prompts)."""
     info = given.info

@@ -88,9 +88,8 @@ class Lifecycle:
         if self.config.idle_timeout > 0:
             self._idle_task = asyncio.create_task(self._idle_loop())
         if self.config.watch_model:
-            self._watcher = ModelWatcher(
-                self.config.session.tracker_options["model"], self.reload_quietly
-            ).start()
+            model = str(self.config.session.tracker_options["model"])  # check() made sure it is set
+            self._watcher = ModelWatcher(model, self.reload_quietly).start()
         logger.info("viewer at %s", self.url)
 
     async def serve_forever(self) -> None:
