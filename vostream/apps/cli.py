@@ -12,12 +12,18 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from vostream.apps.config import PROVIDERS
+from vostream.apps.config import PROVIDERS, TrackSettings
 from vostream.pipeline.errors import ConfigError, Interrupted, PromptError, VostreamError, describe
 from vostream.pipeline.version import package_version
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from vostream.pipeline.types import Prompt
 
 logger = logging.getLogger("vostream")
 
@@ -31,7 +37,7 @@ class _PromptToken(argparse.Action):
         self,
         parser: argparse.ArgumentParser,
         namespace: argparse.Namespace,
-        values: Any,
+        values: object,
         option_string: str | None = None,
     ) -> None:
         tokens = getattr(namespace, "prompt_tokens", None) or []
@@ -79,18 +85,33 @@ def _add_prompt_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Any]:
+@dataclass
+class _PromptGroup:
+    """The command-line prompts of one object on one frame, as they are read."""
+
+    obj: int
+    frame: int
+    points: list[tuple[float, float]] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    box: tuple[float, float, float, float] | None = None
+    mask: np.ndarray | None = None
+
+    def empty(self) -> bool:
+        return not self.points and self.box is None and self.mask is None
+
+
+def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Prompt]:
     """Group ordered command-line prompt tokens into :class:`Prompt` objects, one per (object, frame)."""
     import numpy as np
 
     from vostream.apps.prompts import load_mask_png, parse_box, parse_xy
     from vostream.pipeline.types import Prompt
 
-    groups: list[dict[str, Any]] = []
-    cur: dict[str, Any] | None = None
+    groups: list[_PromptGroup] = []
+    cur: _PromptGroup | None = None
 
-    def new_group(obj: int, frame: int) -> dict[str, Any]:
-        g = {"obj": obj, "frame": frame, "points": [], "labels": [], "box": None, "mask": None}
+    def new_group(obj: int, frame: int) -> _PromptGroup:
+        g = _PromptGroup(obj, frame)
         groups.append(g)
         return g
 
@@ -116,48 +137,63 @@ def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Any]:
             if cur is None:
                 cur = new_group(next_id, frame)
                 next_id += 1
-            elif cur["points"] or cur["box"] is not None or cur["mask"] is not None:
-                cur = new_group(cur["obj"], frame)  # same object, prompts on another frame
+            elif not cur.empty():
+                cur = new_group(cur.obj, frame)  # same object, prompts on another frame
             else:
-                cur["frame"] = frame
+                cur.frame = frame
             continue
         if cur is None:
             cur = new_group(next_id, 0)
             next_id += 1
         if kind in ("point", "neg"):
-            cur["points"].append(parse_xy(value, opt))
-            cur["labels"].append(1 if kind == "point" else 0)
+            cur.points.append(parse_xy(value, opt))
+            cur.labels.append(1 if kind == "point" else 0)
         elif kind == "box":
-            if cur["box"] is not None:
-                raise PromptError(f"object {cur['obj']}: only one --box per object and frame")
-            cur["box"] = parse_box(value, opt)
+            if cur.box is not None:
+                raise PromptError(f"object {cur.obj}: only one --box per object and frame")
+            cur.box = parse_box(value, opt)
         elif kind == "mask":
-            cur["mask"] = load_mask_png(value)
+            cur.mask = load_mask_png(value)
     out = []
     for g in groups:
-        if not g["points"] and g["box"] is None and g["mask"] is None:
-            raise PromptError(f"--obj {g['obj']} has no --point, --box or --mask")
+        if g.empty():
+            raise PromptError(f"--obj {g.obj} has no --point, --box or --mask")
         out.append(
-            Prompt(
-                g["obj"],
-                g["frame"],
-                np.asarray(g["points"], np.float32).reshape(-1, 2),
-                g["labels"],
-                g["box"],
-                g["mask"],
-            )
+            Prompt(g.obj, g.frame, np.asarray(g.points, np.float32).reshape(-1, 2), g.labels, g.box, g.mask)
         )
     return out
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``vostream`` parser: one subcommand per application, each adding its own arguments."""
     parser = argparse.ArgumentParser(
         prog="vostream", description="Streaming video object tracking: click an object, follow it with masks."
     )
     parser.add_argument("--version", action="version", version=f"vostream {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_track_parser(sub)
+    _add_demo_parser(sub)
+    _add_export_parser(sub)
+    from vostream.apps.annotate.batch import add_annotate_parser
 
-    t = sub.add_parser(
+    add_annotate_parser(sub, _add_common)
+
+    from vostream.apps.serve.server import add_serve_parser
+
+    add_serve_parser(sub, _add_common)
+
+    from vostream.apps.doctor import add_doctor_parser
+
+    add_doctor_parser(sub, _add_common)
+
+    from vostream.apps.deploy import add_run_parser
+
+    add_run_parser(sub, _add_common)
+    return parser
+
+
+def _add_track_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
         "track",
         help="track objects through a video file or frames directory",
         description="Track objects from prompts through SOURCE and write the outputs to --out.",
@@ -172,21 +208,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--model exports/sam2.1-tiny --provider cuda\n\n"
         "docs: docs/prompts.md (prompts), docs/config.md (config), docs/outputs.md (formats)",
     )
-    t.add_argument(
+    p.add_argument(
         "source", nargs="?", help="video file (any format FFmpeg reads) or directory of numbered frames"
     )
-    t.add_argument("--out", "-o", metavar="DIR", help="output directory")
-    t.add_argument(
+    p.add_argument("--out", "-o", metavar="DIR", help="output directory")
+    p.add_argument(
         "--save",
         metavar="FORMATS",
         help="comma-separated outputs: video (annotated MP4), png (DAVIS palette PNGs), "
         "json (YouTube-VIS style with COCO RLE), mot (MOT text); default video,json,mot",
     )
-    t.add_argument(
+    p.add_argument(
         "--config", metavar="FILE.toml", help="TOML file with any of these options; flags override it"
     )
-    _add_prompt_options(t)
-    g = t.add_argument_group("tracker")
+    _add_prompt_options(p)
+    _add_tracker_options(p)
+    _add_pipeline_options(p)
+    _add_live_options(p)
+    _add_common(p)
+
+
+def _add_tracker_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("tracker")
     g.add_argument(
         "--backend",
         help="tracker backend: classic (default; no weights needed) or onnx (a SAM 2.1 / "
@@ -208,7 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--device-id", type=int, metavar="N", help="accelerator index: the CUDA device for onnx (default 0)"
     )
-    g = t.add_argument_group("pipeline")
+
+
+def _add_pipeline_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("pipeline")
     g.add_argument("--queue-size", type=int, metavar="N", help="capacity of every queue (default 8)")
     g.add_argument(
         "--max-queue-mib",
@@ -239,7 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="FFmpeg threads of a video file's decoder and of the video encoder (default: FFmpeg's choice)",
     )
-    g = t.add_argument_group("live feeds (rtsp://, http(s)://, /dev/videoN; docs/live.md)")
+
+
+def _add_live_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("live feeds (rtsp://, http(s)://, /dev/videoN; docs/live.md)")
     g.add_argument("--rtsp-out", metavar="URL", help="publish the annotated stream to this rtsp:// URL")
     g.add_argument("--rtsp-transport", choices=("tcp", "udp"), help="RTSP source transport (default tcp)")
     g.add_argument("--open-timeout", type=float, metavar="S", help="seconds to connect (default 10)")
@@ -278,24 +327,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--rtsp-out-gop", type=int, metavar="N", help="RTSP output keyframe interval (default: 1 s)"
     )
-    _add_common(t)
 
-    d = sub.add_parser(
+
+def _add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
         "demo",
         help="make a sample scene (if absent) and track it, writing every output",
         description="Generates a synthetic scene with ground truth into the samples folder "
         "(once), tracks it from one click per object and writes all outputs.",
     )
-    d.add_argument(
+    p.add_argument(
         "--out", "-o", metavar="DIR", default="out/demo", help="output directory (default out/demo)"
     )
-    d.add_argument("--scene", default="crossing", help="which synthetic scene (default crossing)")
-    d.add_argument(
+    p.add_argument("--scene", default="crossing", help="which synthetic scene (default crossing)")
+    p.add_argument(
         "--samples-dir", metavar="DIR", help="where sample media are kept (default: the samples folder)"
     )
-    _add_common(d)
+    _add_common(p)
 
-    e = sub.add_parser(
+
+def _add_export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
         "export",
         help="export a SAM 2.1 / EdgeTAM / SAM 3 checkpoint for --backend onnx",
         description="Convert a Hugging Face transformers checkpoint of a SAM-2-family video model "
@@ -316,24 +368,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--model exports/sam2.1-tiny\n\n"
         "docs: docs/sam2-backend.md",
     )
-    e.add_argument(
+    p.add_argument(
         "model", metavar="MODEL", help="Hugging Face hub id or local directory written by save_pretrained"
     )
-    e.add_argument("--out", "-o", metavar="DIR", required=True, help="directory to write the export into")
-    e.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default 17; at least 17)")
-    e.add_argument(
+    p.add_argument("--out", "-o", metavar="DIR", required=True, help="directory to write the export into")
+    p.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default 17; at least 17)")
+    p.add_argument(
         "--cond-slots",
         type=int,
         metavar="C",
         help="conditioning-frame memory slots kept per object (default: the family's)",
     )
-    e.add_argument(
+    p.add_argument(
         "--fp16",
         action="store_true",
         help="fp16 graphs (LayerNorm, Softmax and the mask sigmoid stay fp32; inputs/outputs stay fp32): "
         "half the size, for GPUs; slower on most CPUs",
     )
-    e.add_argument(
+    p.add_argument(
         "--image-size",
         type=int,
         metavar="PX",
@@ -341,8 +393,17 @@ def build_parser() -> argparse.ArgumentParser:
         "coarser masks: about (PX/1024)^2 of the image encoder's time. SAM 2.1 takes multiples of "
         "32, EdgeTAM of 256, the SAM 3 tracker of 14",
     )
-    e.add_argument("--force", action="store_true", help="replace an existing export in --out")
-    q = e.add_argument_group(
+    p.add_argument("--force", action="store_true", help="replace an existing export in --out")
+    _add_precision_options(p)
+    _add_prompt_options(p)
+    from vostream.apps.export.atc import add_om_arguments
+
+    add_om_arguments(p)
+    _add_common(p)
+
+
+def _add_precision_options(p: argparse.ArgumentParser) -> None:
+    q = p.add_argument_group(
         "INT8 and the precision report (docs/deploy.md section 3); the prompts below say what to track"
     )
     q.add_argument(
@@ -377,28 +438,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="ONNX Runtime intra-op threads for the calibration and the comparison (default: ORT's)",
     )
-    _add_prompt_options(e)
-    from vostream.apps.export.atc import add_om_arguments
-
-    add_om_arguments(e)
-    _add_common(e)
-
-    from vostream.apps.annotate.batch import add_annotate_parser
-
-    add_annotate_parser(sub, _add_common)
-
-    from vostream.apps.serve.server import add_serve_parser
-
-    add_serve_parser(sub, _add_common)
-
-    from vostream.apps.doctor import add_doctor_parser
-
-    add_doctor_parser(sub, _add_common)
-
-    from vostream.apps.deploy import add_run_parser
-
-    add_run_parser(sub, _add_common)
-    return parser
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -409,7 +448,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
-def _settings_from_args(args: argparse.Namespace) -> Any:
+def _settings_from_args(args: argparse.Namespace) -> TrackSettings:
     from vostream.apps.config import load_config, merge_settings
 
     config = load_config(args.config) if args.config else None

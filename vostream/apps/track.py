@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,8 @@ from vostream.apps.prompts import check_prompt_sequence, load_prompts_file
 from vostream.pipeline.engine import Pipeline, RunReport, handle_signals
 from vostream.pipeline.errors import ConfigError, OutputError, VostreamError
 from vostream.pipeline.reconnect import ReconnectPolicy
-from vostream.pipeline.types import Prompt
+from vostream.pipeline.stage import SinkSpec
+from vostream.pipeline.types import Frame, Prompt, RemoveObject
 from vostream.sinks import build_file_sinks
 from vostream.sinks.atomic import atomic_write_text
 from vostream.sinks.outdir import lock_output_dir, previous_track_outputs, remove_files
@@ -32,7 +35,7 @@ from vostream.sinks.rtsp import rtsp_out_spec
 from vostream.sinks.vis_json import LIVE_JSON_ROLL_FRAMES, VisJsonSinkSpec
 from vostream.stages.sources import VideoInfo, is_live_uri, open_source, probe
 from vostream.stages.sources.live import LiveSource, open_live
-from vostream.stages.trackers import load_tracker
+from vostream.stages.trackers import Tracker, load_tracker
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ def _prepare_out_dir(out: str) -> Path:
     return path
 
 
-def collect_prompts(settings: TrackSettings) -> list[Any]:
+def collect_prompts(settings: TrackSettings) -> list[Prompt | RemoveObject]:
     prompts = list(settings.prompts)
     if settings.prompts_file:
         prompts += load_prompts_file(settings.prompts_file)
@@ -72,7 +75,19 @@ def opencv_threads(requested: int | None) -> int:
     return 1 if cores <= 4 else cores // 2
 
 
-def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[Pipeline, dict[str, Any]]:
+@dataclass
+class _TrackInput:
+    """What :func:`build_track_pipeline` learns before it loads a tracker: the source's facts and the prompts."""
+
+    info: VideoInfo
+    prompts: list[Prompt | RemoveObject]
+    live_source: LiveSource | None = None  # a live URI's source (not yet connected)
+    timed: list[TimedPrompt] = dataclasses.field(default_factory=list)  # its wall-clock prompts
+
+
+def build_track_pipeline(
+    settings: TrackSettings, tracker: Tracker | None = None
+) -> tuple[Pipeline, dict[str, Any]]:
     """The pipeline for ``settings`` plus a dict of facts for the summary.  Validates everything that can be
     validated before a frame is decoded: the source opens, prompts fit the frame, the output is writable.
     ``tracker``: an already loaded :class:`Tracker` to reuse (batch workers load theirs once); by default the
@@ -82,71 +97,101 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
 
     assert settings.source is not None and (settings.out is not None or settings.rtsp_out is not None)
     cv2.setNumThreads(opencv_threads(settings.opencv_threads))
-    live_source = None
-    if is_live_uri(settings.source):  # connect now: a wrong URL fails before anything else starts
-        live_source, info, timed = open_live_for_track(settings)
-    else:
-        info = probe(settings.source)
-    prompts = list(settings.prompts) if live_source is not None and timed else collect_prompts(settings)
-    check_prompt_sequence(prompts, info.width, info.height, settings.source)
-    if (
-        live_source is not None
-    ):  # wall-clock prompts: their frame is not known yet, but they must fit the frame
-        for item in timed:
-            if isinstance(item.message, Prompt):
-                item.message.check_bounds(info.width, info.height, settings.source)
+    given = _check_input(settings)
     out_dir = _prepare_out_dir(settings.out) if settings.out is not None else None
-
     options = tracker_options(settings)
     owned = tracker is None
     if tracker is None:
         tracker = load_tracker(settings.backend, **options)
     try:  # a failure from here on must not leak the tracker's graphs and device memory
-        decode_threads = (
-            {"threads": settings.codec_threads}
-            if settings.codec_threads and live_source is None and not os.path.isdir(settings.source)
-            else {}
-        )
-        source = live_source or open_source(settings.source, max_frames=settings.max_frames, **decode_threads)
-        queue_size = settings.live_queue_size if live_source is not None else settings.queue_size
-        # A live feed's video is written on the capture clock (real time: drops and outages stay gaps); a file's
-        # at its constant rate.
-        clock: dict[str, Any] = (
-            {"fps": None, "clock": "capture"} if live_source is not None else {"fps": info.fps}
-        )
-        if settings.codec_threads:
-            clock["options"] = {"threads": str(settings.codec_threads)}
-        sinks = (
-            build_file_sinks(out_dir, settings.save, source_name=Path(settings.source).name, **clock)
-            if out_dir is not None
-            else []
-        )
-        if live_source is not None:  # a live run has no end: its JSON rolls over to part files (flat memory)
-            sinks = [
-                dataclasses.replace(s, roll_frames=LIVE_JSON_ROLL_FRAMES)
-                if isinstance(s, VisJsonSinkSpec)
-                else s
-                for s in sinks
-            ]
-        if settings.rtsp_out:
-            sinks.append(rtsp_out_spec(settings, info.fps))
-        pipe = assemble_track(
-            source,
-            tracker,
-            sinks,
-            prompts=prompts,
-            queue_size=queue_size,
-            policy=settings.policy,
-            name=Path(settings.source).name,
-            fill_holes=settings.fill_holes,
-            min_area=settings.min_area,
-            max_queue_bytes=max(1, int(settings.max_queue_mib * 2**20)),
-        )
+        pipe = _assemble(settings, given, out_dir, tracker)
     except BaseException:
         if owned:
             tracker.close()
         raise
-    facts = {
+    facts = _track_facts(settings, given, out_dir, options)
+    if owned:
+        facts["_tracker"] = tracker
+    return pipe, facts
+
+
+def _check_input(settings: TrackSettings) -> _TrackInput:
+    """Step 1: open (a live URI: connect) or probe the source, gather the prompts and check that they fit it."""
+    assert settings.source is not None
+    if is_live_uri(settings.source):  # connect now: a wrong URL fails before anything else starts
+        live_source, info, timed = open_live_for_track(settings)
+        given = _TrackInput(
+            info, list(settings.prompts) if timed else collect_prompts(settings), live_source, timed
+        )
+    else:
+        given = _TrackInput(probe(settings.source), collect_prompts(settings))
+    width, height = given.info.width, given.info.height
+    check_prompt_sequence(given.prompts, width, height, settings.source)
+    for item in given.timed:  # wall-clock prompts: their frame is not known yet, but they must fit the frame
+        if isinstance(item.message, Prompt):
+            item.message.check_bounds(width, height, settings.source)
+    return given
+
+
+def _assemble(
+    settings: TrackSettings, given: _TrackInput, out_dir: Path | None, tracker: Tracker
+) -> Pipeline:
+    """Step 2: the source, the sinks and the pipeline around ``tracker``."""
+    assert settings.source is not None
+    live = given.live_source is not None
+    decode_threads = (
+        {"threads": settings.codec_threads}
+        if settings.codec_threads and not live and not os.path.isdir(settings.source)
+        else {}
+    )
+    source = given.live_source or open_source(
+        settings.source, max_frames=settings.max_frames, **decode_threads
+    )
+    return assemble_track(
+        source,
+        tracker,
+        _track_sinks(settings, given, out_dir),
+        prompts=given.prompts,
+        queue_size=settings.live_queue_size if live else settings.queue_size,
+        policy=settings.policy,
+        name=Path(settings.source).name,
+        fill_holes=settings.fill_holes,
+        min_area=settings.min_area,
+        max_queue_bytes=max(1, int(settings.max_queue_mib * 2**20)),
+    )
+
+
+def _track_sinks(settings: TrackSettings, given: _TrackInput, out_dir: Path | None) -> list[SinkSpec[Frame]]:
+    """The file sinks under ``out_dir`` (``--save``) and the RTSP output (``--rtsp-out``)."""
+    assert settings.source is not None
+    live = given.live_source is not None
+    # A live feed's video is written on the capture clock (real time: drops and outages stay gaps); a file's
+    # at its constant rate.
+    fps = None if live else given.info.fps
+    video: dict[str, object] = {"clock": "capture"} if live else {}
+    if settings.codec_threads:
+        video["options"] = {"threads": str(settings.codec_threads)}
+    sinks = (
+        build_file_sinks(out_dir, settings.save, fps=fps, source_name=Path(settings.source).name, **video)
+        if out_dir is not None
+        else []
+    )
+    if live:  # a live run has no end: its JSON rolls over to part files (flat memory)
+        sinks = [
+            dataclasses.replace(s, roll_frames=LIVE_JSON_ROLL_FRAMES) if isinstance(s, VisJsonSinkSpec) else s
+            for s in sinks
+        ]
+    if settings.rtsp_out:
+        sinks.append(rtsp_out_spec(settings, given.info.fps))
+    return sinks
+
+
+def _track_facts(
+    settings: TrackSettings, given: _TrackInput, out_dir: Path | None, options: Mapping[str, object]
+) -> dict[str, Any]:
+    """Step 3: the run's facts for ``summary.json`` (and, for a live run, its timed prompts)."""
+    info = given.info
+    facts: dict[str, Any] = {
         "source": settings.source,
         "width": info.width,
         "height": info.height,
@@ -155,18 +200,16 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
         "out": None if out_dir is None else str(out_dir),
         "backend": settings.backend,
         "save": list(settings.save) if out_dir is not None else [],
-        "objects": sorted({p.obj_id for p in prompts if hasattr(p, "points")}),
+        "objects": sorted({p.obj_id for p in given.prompts if hasattr(p, "points")}),
     }
     for key in ("model", "provider"):
         if options.get(key) is not None:
             facts[key] = str(options[key])
-    if owned:
-        facts["_tracker"] = tracker
-    if live_source is not None:
+    if given.live_source is not None:
         facts["live"] = True
-        facts["timed_prompts"] = timed
+        facts["timed_prompts"] = given.timed
         facts["rtsp_out"] = settings.rtsp_out
-    return pipe, facts
+    return facts
 
 
 def open_live_for_track(settings: TrackSettings) -> tuple[LiveSource, VideoInfo, list[TimedPrompt]]:
@@ -328,7 +371,9 @@ def run_track(settings: TrackSettings) -> RunReport:
         return _run_locked(settings, pipe, facts, tracker)
 
 
-def _run_locked(settings: TrackSettings, pipe: Pipeline, facts: dict[str, Any], tracker: Any) -> RunReport:
+def _run_locked(
+    settings: TrackSettings, pipe: Pipeline, facts: dict[str, Any], tracker: Tracker | None
+) -> RunReport:
     timer = None
     if facts.get("timed_prompts"):  # a live feed's prompts with wall-clock triggers
         timer = PromptTimer(pipe.send_control, pipe.source, facts["timed_prompts"])  # type: ignore[arg-type]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import msgpack
 
@@ -140,7 +139,7 @@ _KEYS: dict[str, tuple[set[str], set[str]]] = {
 MESSAGE_TYPES = tuple(_KEYS)
 
 
-def _int(msg: dict[str, Any], key: str, t: str, lo: int, hi: int | None = None) -> int:
+def _int(msg: dict[str, object], key: str, t: str, lo: int, hi: int | None = None) -> int:
     v = msg[key]
     if isinstance(v, bool) or not isinstance(v, int):
         raise ProtocolError("bad_message", f"{t}.{key} must be an integer, got {type(v).__name__}", t)
@@ -150,7 +149,7 @@ def _int(msg: dict[str, Any], key: str, t: str, lo: int, hi: int | None = None) 
     return int(v)
 
 
-def _num(v: Any, what: str, t: str) -> float:
+def _num(v: object, what: str, t: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ProtocolError("bad_message", f"{what} must be a number, got {type(v).__name__}", t)
     f = float(v)
@@ -159,7 +158,7 @@ def _num(v: Any, what: str, t: str) -> float:
     return f
 
 
-def _str(msg: dict[str, Any], key: str, t: str, limit: int) -> str:
+def _str(msg: dict[str, object], key: str, t: str, limit: int) -> str:
     v = msg[key]
     if not isinstance(v, str):
         raise ProtocolError("bad_message", f"{t}.{key} must be a string, got {type(v).__name__}", t)
@@ -168,7 +167,7 @@ def _str(msg: dict[str, Any], key: str, t: str, limit: int) -> str:
     return v
 
 
-def decode(data: bytes | bytearray | memoryview | str) -> dict[str, Any]:
+def decode(data: bytes | bytearray | memoryview | str) -> dict[str, object]:
     """The msgpack map in ``data`` (one binary frame).  Raises :class:`ProtocolError` ``bad_msgpack``."""
     if isinstance(data, str):
         raise ProtocolError("bad_msgpack", "text frames are not accepted; send msgpack in a binary frame")
@@ -244,7 +243,7 @@ def parse_client_message(data: bytes | bytearray | memoryview | str) -> ClientMe
     return _parse_prompt(msg, present)
 
 
-def _parse_prompt(msg: dict[str, Any], present: set[str]) -> PromptMsg:
+def _parse_prompt(msg: dict[str, object], present: set[str]) -> PromptMsg:
     t = "prompt"
     obj = _int(msg, "obj", t, 1, MAX_OBJ_ID)
     frame = _int(msg, "frame", t, 0)
@@ -300,7 +299,7 @@ def check_prompt_range(p: PromptMsg, width: int, height: int) -> None:
 # -- encoding ------------------------------------------------------------------------------------------------------
 
 
-def encode(message: dict[str, Any]) -> bytes:
+def encode(message: dict[str, object]) -> bytes:
     """One msgpack map (binary frame) for ``message``."""
     return msgpack.packb(message, use_bin_type=True)
 

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,10 +32,10 @@ import numpy as np
 
 from vostream.apps.assemble import assemble_track
 from vostream.apps.serve.protocol import PromptMsg, ProtocolError, check_prompt_range
-from vostream.pipeline.engine import Pipeline
+from vostream.pipeline.engine import ControlReceipt, Pipeline
 from vostream.pipeline.errors import ConfigError, VostreamError
-from vostream.pipeline.stage import Source
-from vostream.pipeline.types import Frame, Prompt, RemoveObject, ResetTracker, TrackResult
+from vostream.pipeline.stage import SinkSpec, Source
+from vostream.pipeline.types import Control, Frame, Prompt, RemoveObject, ResetTracker, TrackResult
 from vostream.sinks import build_file_sinks
 from vostream.sinks.png import PngSinkSpec
 from vostream.sinks.vis_json import VisJsonSinkSpec
@@ -249,7 +249,7 @@ class TrackerCache:
     (for the SAM-2 backends, its own device buffers; calls take turns on the shared runtime).  The tracker sits in a
     :class:`ModelHandle`: :meth:`reload` replaces it under running sessions (``docs/deploy.md`` §2).  Thread-safe."""
 
-    def __init__(self, backend: str, options: dict[str, Any]) -> None:
+    def __init__(self, backend: str, options: Mapping[str, object]) -> None:
         self.backend = backend
         self.options = dict(options)
         self._lock = threading.Lock()
@@ -301,7 +301,7 @@ class SessionOptions:
     """What every session of a server shares."""
 
     backend: str = "classic"
-    tracker_options: dict[str, Any] = field(default_factory=dict)
+    tracker_options: dict[str, object] = field(default_factory=dict)
     max_objects: int = 8
     jpeg_quality: int = 80
     fps: float = 25.0  # frames directories (no rate of their own)
@@ -368,7 +368,7 @@ class Session:
         is_dir = os.path.isdir(path)
 
         def factory(start: int) -> Source[Frame]:
-            opts: dict[str, Any] = {"source_id": self.display}
+            opts: dict[str, object] = {"source_id": self.display}
             if not self.live:
                 opts["start"] = start
             if is_dir:
@@ -405,7 +405,7 @@ class Session:
         ):  # a live feed: its state changes (reconnecting, running, ...) reach the clients
             supervisor.add_listener(lambda event: self.notify("state"))
         tracker = self.trackers.get(self.id)  # shared by the server's sessions: the server releases it
-        sinks: list[Any] = [
+        sinks: list[SinkSpec[Frame]] = [
             ViewerSinkSpec(
                 self.hub,
                 session=self.id,
@@ -573,7 +573,7 @@ class Session:
             self.objects.clear()
         self._control_now(ResetTracker)
 
-    def _control_now(self, make: Callable[[int], Any]) -> None:
+    def _control_now(self, make: Callable[[int], Control]) -> None:
         src = self._src()
         frame, replay = self._target_frame(max(src.index, 0))
         assert self.pipeline is not None
@@ -581,7 +581,7 @@ class Session:
         if replay:
             self._replay_after(receipt)
 
-    def _replay_after(self, receipt: Any) -> None:
+    def _replay_after(self, receipt: ControlReceipt) -> None:
         """Replay the paused frame once every stage has taken the control message (an idle stage takes it
         within one queue poll), so the replayed frame cannot overtake it.  Never blocks the caller."""
         src = self._src()
@@ -593,7 +593,7 @@ class Session:
         threading.Thread(target=run, daemon=True, name=f"vostream-replay-{self.id}").start()
 
     # -- state, stats, export ------------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, object]:
         src = self.control
         with self._lock:
             objects = sorted(self.objects)
@@ -610,7 +610,7 @@ class Session:
             out["source"] = self.source_stats()
         return out
 
-    def source_stats(self) -> dict[str, Any]:
+    def source_stats(self) -> dict[str, object]:
         """A live feed's supervisor figures (``docs/live.md``): ``state`` (connecting, running, stalled,
         reconnecting, ended), ``reconnects``, ``disconnects``, ``stalls``, ``frames``, ``paused_drops``; ``{}`` for
         files."""
@@ -624,7 +624,7 @@ class Session:
             if k in stats
         }
 
-    def opened(self, watcher: bool) -> dict[str, Any]:
+    def opened(self, watcher: bool) -> dict[str, object]:
         return {
             "t": "opened",
             "session": self.id,
@@ -650,7 +650,7 @@ class Session:
         if self.export_dir is None:
             self.export_dir = Path(tempfile.mkdtemp(prefix=f"vostream-export-{self.id}-"))
         work = Path(tempfile.mkdtemp(dir=self.export_dir))
-        spec: Any = (
+        spec: SinkSpec[Frame] = (
             VisJsonSinkSpec(work / "annotations.json", video_name=self.display)
             if fmt == "json"
             else PngSinkSpec(work / "masks")
