@@ -44,7 +44,7 @@ import numpy as np
 
 from vostream.pipeline.errors import BackendError, ConfigError
 from vostream.stages.trackers.sam2.backends.binding import Allocation, BindingRuntime, fmt_shape
-from vostream.stages.trackers.sam2.runtime import DTYPES, DeviceBuffer
+from vostream.stages.trackers.sam2.runtime import DTYPES, DeviceBuffer, MemoryPlan
 from vostream.stages.trackers.sam2.session import MAX_POINTS
 
 if TYPE_CHECKING:
@@ -651,7 +651,7 @@ class AclRuntime(BindingRuntime[Allocation]):
         )
 
     @property
-    def max_points(self) -> int | None:  # type: ignore[override]
+    def max_points(self) -> int | None:
         """The largest compiled K of the decoder (the session rejects prompts with more points up front)."""
         ks = [v["K"] for v in self.gears.get("decoder", []) if "K" in v]
         return max(ks) if ks else None
@@ -734,7 +734,7 @@ class AclRuntime(BindingRuntime[Allocation]):
     # -- memory plan -------------------------------------------------------------------------------------------------
     def plan(
         self, manifest: Manifest, objects: int, sessions: int = 1, reserve_bytes: int = RESERVE_BYTES
-    ) -> dict[str, Any]:
+    ) -> MemoryPlan:
         """Device memory ``sessions`` sessions of ``objects`` objects each will allocate, against free HBM now.
 
         Per object: the bank ``[C+N, T, M]`` and the pointer ring ``[Q, D]``; per session: every scratch tensor the
@@ -784,7 +784,7 @@ class AclRuntime(BindingRuntime[Allocation]):
 
     def check_memory(
         self, manifest: Manifest, objects: int, sessions: int = 1, reserve_bytes: int = RESERVE_BYTES
-    ) -> dict[str, Any]:
+    ) -> MemoryPlan:
         """:meth:`plan`, raising :class:`ConfigError` with the numbers when it does not fit the free HBM."""
         p = self.plan(manifest, objects, sessions, reserve_bytes)
         if not p["fits"]:
