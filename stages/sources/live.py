@@ -598,12 +598,10 @@ def _redact(uri: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", uri)
 
 
-def open_live(uri: str, **options: Any) -> LiveSource:
-    """A :class:`LiveSource` for ``uri``; unknown options raise :class:`ConfigError` naming the source."""
-    try:
-        return LiveSource(uri, **options)
-    except TypeError as err:
-        raise ConfigError(f"bad option for a live source ({_redact(uri)}): {err}") from err
+#: ``open_live(uri, ...)`` is :class:`LiveSource`'s constructor: its options are explicit keyword-only
+#: parameters, so an unknown one is a ``TypeError`` at the call (and a mypy error); a bad value is a
+#: :class:`ConfigError` naming the feed.
+open_live = LiveSource
 
 
 __all__ = [

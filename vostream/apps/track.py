@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -103,11 +104,13 @@ def build_track_pipeline(settings: TrackSettings, tracker: Any = None) -> tuple[
         tracker = load_tracker(settings.backend, **options)
     try:  # a failure from here on must not leak the tracker's graphs and device memory
         decode_threads = (
-            {"threads": settings.codec_threads}
+            settings.codec_threads
             if settings.codec_threads and live_source is None and not os.path.isdir(settings.source)
-            else {}
+            else None
         )
-        source = live_source or open_source(settings.source, max_frames=settings.max_frames, **decode_threads)
+        source = live_source or open_source(
+            settings.source, max_frames=settings.max_frames, threads=decode_threads
+        )
         queue_size = settings.live_queue_size if live_source is not None else settings.queue_size
         # A live feed's video is written on the capture clock (real time: drops and outages stay gaps); a file's
         # at its constant rate.
@@ -188,7 +191,10 @@ def open_live_for_track(settings: TrackSettings) -> tuple[LiveSource, VideoInfo,
         max_s=settings.reconnect_max_delay,
         max_attempts=settings.reconnect_attempts,
     )
-    options = dict(
+    assert settings.source is not None
+    connect = functools.partial(
+        open_live,
+        settings.source,
         transport=settings.rtsp_transport,
         open_timeout=settings.open_timeout,
         read_timeout=settings.read_timeout,
@@ -199,10 +205,9 @@ def open_live_for_track(settings: TrackSettings) -> tuple[LiveSource, VideoInfo,
     )
     # Probe with a connection of its own and close it: the pipeline's source connects when the pipeline starts,
     # so frames buffered while the tracker loads do not arrive as a stale burst.
-    assert settings.source is not None
-    with open_live(settings.source, **options) as probe:
+    with connect() as probe:
         info = VideoInfo(probe.width, probe.height, probe.fps or 25.0, None, "live", 0)
-    return open_live(settings.source, **options), info, timed
+    return connect(), info, timed
 
 
 #: Signals that stop a run cleanly (outputs finalised): Ctrl-C, ``kill``, and the terminal going away.
