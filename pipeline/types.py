@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, TypeAlias
+from typing import TypeAlias, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -262,6 +262,13 @@ class Prompt:
         return Prompt(self.obj_id, self.frame_index, pts, self.labels, box, mask)
 
 
+class Rle(TypedDict):
+    """COCO run-length encoding of one mask: ``size`` ``[h, w]`` and the compressed ``counts`` string."""
+
+    size: list[int]
+    counts: str
+
+
 def _empty_masks(h: int, w: int) -> np.ndarray:
     return np.zeros((0, h, w), dtype=bool)
 
@@ -283,7 +290,7 @@ class TrackResult:
     boxes: np.ndarray
     masks: np.ndarray | None = None
     logits: np.ndarray | None = None
-    rles: list[dict[str, Any]] | None = None
+    rles: list[Rle] | None = None
 
     def __post_init__(self) -> None:
         self.obj_ids = np.asarray(self.obj_ids, dtype=np.int64).reshape(-1)
@@ -357,7 +364,7 @@ class TrackResult:
                 out[m] = oid
         return out
 
-    def to_rles(self) -> list[dict[str, Any]]:
+    def to_rles(self) -> list[Rle]:
         """COCO RLE (compressed ``counts`` as str, the same string pycocotools makes) for each row's mask; cached
         in ``rles``.  See :func:`rle_counts`."""
         if self.rles is None:
@@ -468,6 +475,7 @@ __all__ = [
     "Prompt",
     "RemoveObject",
     "ResetTracker",
+    "Rle",
     "TrackResult",
     "boxes_from_masks",
     "rle_counts",
