@@ -51,7 +51,7 @@ def probe(
             source.height,
             source.fps,
             source.length,
-            source._stream.codec_context.name,
+            source.codec,
             source.rotation,
         )
     finally:
