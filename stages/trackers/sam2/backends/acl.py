@@ -38,7 +38,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -186,7 +187,11 @@ def atc_dynamic_options(spec: GraphSpec, gears: Sequence[int] = DECODER_GEARS) -
     return {"input_shape": shape, "dynamic_dims": dims}
 
 
-def _import_acl() -> Any:
+#: what a pyACL call returns beside its status code (a handle, a size, ...)
+V = TypeVar("V")
+
+
+def _import_acl() -> ModuleType:
     """The real pyACL (``import acl``), or a :class:`BackendError` saying where it comes from."""
     try:
         import acl  # type: ignore[import-not-found]
@@ -257,7 +262,9 @@ class AclRuntime(BindingRuntime[Allocation]):
 
     name = "AclRuntime"
 
-    def __init__(self, device_id: int = 0, om_dir: str | Path | None = None, acl: Any = None) -> None:
+    def __init__(
+        self, device_id: int = 0, om_dir: str | Path | None = None, acl: ModuleType | None = None
+    ) -> None:
         super().__init__()
         self.device_id = int(device_id)
         self.om_dir = Path(om_dir) if om_dir is not None else None
@@ -300,7 +307,7 @@ class AclRuntime(BindingRuntime[Allocation]):
         if ret != ACL_SUCCESS:
             raise self._error(where, call, ret, detail)
 
-    def _pair(self, result: tuple[Any, int], where: str, call: str, detail: str = "") -> Any:
+    def _pair(self, result: tuple[V, int], where: str, call: str, detail: str = "") -> V:
         value, ret = result
         self._check(ret, where, call, detail)
         return value
