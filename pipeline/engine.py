@@ -20,12 +20,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Final, cast
 
 from .errors import ConfigError, Interrupted, StageError, VostreamError
 from .metrics import MetricsSnapshot, NodeMetrics, snapshot_all
 from .queues import EMPTY, POLL_S, BoundedQueue
 from .stage import BLOCK, LATEST, POLICIES, Sink, SinkSpec, Source, Stage
+
+if TYPE_CHECKING:
+    from typing_extensions import Never
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +44,8 @@ class _EndOfStream:
         return "END_OF_STREAM"
 
 
-END_OF_STREAM: Any = _EndOfStream()
+#: the marker a node puts on its output queues when it ends
+END_OF_STREAM: Final = _EndOfStream()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -65,7 +69,7 @@ class RunReport:
     metrics: MetricsSnapshot
     error: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "name": self.name,
             "frames": self.frames,
@@ -90,7 +94,7 @@ class ControlReceipt:
     ``undelivered``: stages that ended before they could take it.  :meth:`wait` returns once every stage is done.
     """
 
-    def __init__(self, message: Any, stages: Sequence[str]) -> None:
+    def __init__(self, message: object, stages: Sequence[str]) -> None:
         self.message = message
         self.consumed_by: list[str] = []
         self.errors: list[tuple[str, BaseException]] = []
@@ -141,11 +145,11 @@ class _Node:
     name: str
     kind: str
     order: int
-    obj: Any  # Source | Stage | SinkSpec
-    inq: BoundedQueue[Any] | None
-    outs: list[BoundedQueue[Any]]
+    obj: Source[object] | Stage[Never, object] | SinkSpec[Never]
+    inq: BoundedQueue[object] | None
+    outs: list[BoundedQueue[object]]
     metrics: NodeMetrics
-    controls: deque[tuple[Any, ControlReceipt]] = field(default_factory=deque)
+    controls: deque[tuple[object, ControlReceipt]] = field(default_factory=deque)
     abort: bool = False  # discard queued items and leave (set by cancel or by an error downstream)
     thread: threading.Thread | None = None
     ordinal: int = 0  # items received (stages, sinks) or read (source)
@@ -162,7 +166,7 @@ def _unique(names: Sequence[str]) -> list[str]:
     return out
 
 
-def _frame_index(item: Any, ordinal: int) -> int:
+def _frame_index(item: object, ordinal: int) -> int:
     index = getattr(item, "index", None)
     if isinstance(index, int) and not isinstance(index, bool):
         return index
@@ -178,13 +182,17 @@ class Pipeline:
     edge; each sink's edge holds ``SinkSpec.queue_size``.  ``max_queue_bytes`` (default 256 MiB, ``None``: no byte
     bound) is split evenly between the edges: an edge also holds at most its share in bytes of items (sized by
     ``item.nbytes``, e.g. ``Frame.nbytes``), and always one item.  A pipeline runs once.
+
+    Types: the source is a ``Source`` of anything, each stage a ``Stage`` of whatever the node before it produces
+    (``Stage[Never, object]`` accepts every stage), each sink a ``SinkSpec`` of the last node's items; that the
+    chain's item types match is the caller's part (a mismatch fails in the stage that gets the wrong item).
     """
 
     def __init__(
         self,
-        source: Source[Any],
-        stages: Sequence[Stage[Any, Any]] = (),
-        sinks: Sequence[SinkSpec[Any]] = (),
+        source: Source[object],
+        stages: Sequence[Stage[Never, object]] = (),
+        sinks: Sequence[SinkSpec[Never]] = (),
         *,
         policy: str | Mapping[str, str] | None = None,
         queue_size: int = 8,
@@ -243,7 +251,9 @@ class Pipeline:
         prev = src
         self._stages: list[_Node] = []
         for i, (stage, sname) in enumerate(zip(stages, stage_names), start=1):
-            q: BoundedQueue[Any] = BoundedQueue(queue_size, per_edge.get(sname, default), sname, edge_bytes)
+            q: BoundedQueue[object] = BoundedQueue(
+                queue_size, per_edge.get(sname, default), sname, edge_bytes
+            )
             node = _Node(sname, "stage", i, stage, q, [], NodeMetrics(sname, "stage", q))
             prev.outs.append(q)
             self._nodes.append(node)
@@ -367,7 +377,7 @@ class Pipeline:
         self._cancel = True
         self._stop = True
 
-    def send_control(self, message: Any) -> ControlReceipt:
+    def send_control(self, message: object) -> ControlReceipt:
         """Queue ``message`` for every stage's ``handle_control``, delivered in that stage's thread before its
         next item (or while it waits for one).  Thread-safe; messages keep their order per stage."""
         receipt = ControlReceipt(message, [n.name for n in self._stages])
@@ -407,7 +417,7 @@ class Pipeline:
         self.wait()
 
     # -- error bookkeeping ------------------------------------------------------------------------------------------
-    def _fail(self, node: _Node, exc: BaseException, item: Any = None) -> None:
+    def _fail(self, node: _Node, exc: BaseException, item: object = None) -> None:
         """Record ``exc`` from ``node``; abort every node upstream of it and stop the source."""
         if node.kind == "source":
             index: int | None = node.ordinal  # the index of the item it failed to produce
@@ -462,7 +472,9 @@ class Pipeline:
             if self._opened >= len(self._nodes) - 1:
                 self._all_open.set()
 
-    def _refresh_stats(self, node: _Node, obj: Any, force: bool = False) -> None:
+    def _refresh_stats(
+        self, node: _Node, obj: Source[object] | Stage[object, object] | Sink[object], force: bool = False
+    ) -> None:
         now = time.monotonic()
         if not force and now - node.stats_at < STATS_EVERY_S:
             return
@@ -475,7 +487,7 @@ class Pipeline:
         if stats:
             node.metrics.set_extra(stats)
 
-    def _emit(self, node: _Node, item: Any) -> None:
+    def _emit(self, node: _Node, item: object) -> None:
         stamps = getattr(item, "stamps", None)
         if isinstance(stamps, dict):
             stamps[node.name] = time.monotonic()
@@ -483,7 +495,9 @@ class Pipeline:
         for q in node.outs:
             q.put(item, abort=lambda: self._aborted(node))
 
-    def _end_node(self, node: _Node, obj: Any) -> None:
+    def _end_node(
+        self, node: _Node, obj: Source[object] | Stage[object, object] | Sink[object] | None
+    ) -> None:
         """Common exit: refuse further input, close, pass the end marker on, settle pending controls.
 
         Closing before passing the marker on keeps the documented order: the source is closed before any stage,
@@ -507,7 +521,7 @@ class Pipeline:
         self._wake.set()
 
     def _run_source(self, node: _Node) -> None:
-        source: Source[Any] = node.obj
+        source = cast("Source[object]", node.obj)
         try:
             source.open()
             while not self._all_open.wait(POLL_S):
@@ -536,7 +550,7 @@ class Pipeline:
         finally:
             self._end_node(node, source)
 
-    def _deliver_controls(self, node: _Node, stage: Stage[Any, Any]) -> None:
+    def _deliver_controls(self, node: _Node, stage: Stage[object, object]) -> None:
         if not node.controls:  # per-item fast path without the pipeline lock (a deque's length is atomic)
             return
         while True:
@@ -556,10 +570,11 @@ class Pipeline:
             receipt._settle(node.name, consumed=consumed)
 
     def _run_stage(self, node: _Node) -> None:
-        stage: Stage[Any, Any] = node.obj
+        # each stage gets what the node before it produced: matching the chain's item types is the caller's part
+        stage = cast("Stage[object, object]", node.obj)
         inq = node.inq
         assert inq is not None
-        item: Any = None
+        item: object = None
         try:
             bind = getattr(stage, "bind_should_stop", None)
             if callable(bind):  # optional hook: long process() calls may poll it and give up early on cancel
@@ -602,11 +617,11 @@ class Pipeline:
             self._end_node(node, stage)
 
     def _run_sink(self, node: _Node) -> None:
-        spec: SinkSpec[Any] = node.obj
+        spec = cast("SinkSpec[object]", node.obj)
         inq = node.inq
         assert inq is not None
-        sink: Sink[Any] | None = None
-        item: Any = None
+        sink: Sink[object] | None = None
+        item: object = None
         try:
             sink = spec.build()
             sink.open()

@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +91,9 @@ class NodeSnapshot:
     age_ms_p50: float = math.nan
     age_ms_p95: float = math.nan
     fps: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """Plain JSON-able dict; NaN becomes None."""
         d = asdict(self)
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
@@ -123,7 +123,7 @@ class MetricsSnapshot:
     def names(self) -> list[str]:
         return [n.name for n in self.nodes]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """JSON-able: ``{"pipeline", "elapsed_s", "frames", "nodes": [node.as_dict(), ...]}``."""
         return {
             "pipeline": self.pipeline,
@@ -170,9 +170,9 @@ class MetricsSnapshot:
                 v = float(getattr(n, f))
                 if not math.isnan(v):
                     yield f"vostream_node_{f}", labels, v
-            for k, v in n.extra.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    yield "vostream_node_extra", {**labels, "key": str(k)}, float(v)
+            for k, value in n.extra.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    yield "vostream_node_extra", {**labels, "key": str(k)}, float(value)
 
 
 class NodeMetrics:
@@ -204,7 +204,7 @@ class NodeMetrics:
         self._latency = Ring(window)
         self._age = Ring(window)
         self._out_times = Ring(window)
-        self._extra: dict[str, Any] = {}
+        self._extra: dict[str, object] = {}
 
     def record_in(self) -> None:
         with self._lock:
@@ -218,7 +218,7 @@ class NodeMetrics:
         with self._lock:
             self.filtered += 1
 
-    def record_out(self, item: Any = None) -> None:
+    def record_out(self, item: object = None) -> None:
         """One item left the node; its age is taken from ``item.capture_time`` when that is set (non-zero)."""
         now = self.clock()
         capture = getattr(item, "capture_time", None)
@@ -231,7 +231,7 @@ class NodeMetrics:
             if age is not None:
                 self._age.add(age)
 
-    def set_extra(self, stats: dict[str, Any]) -> None:
+    def set_extra(self, stats: dict[str, object]) -> None:
         """Replace the object's own ``stats()`` dict (called from the node's thread)."""
         with self._lock:
             self._extra = dict(stats)

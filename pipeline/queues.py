@@ -17,7 +17,7 @@ import operator
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from .errors import ConfigError
 from .stage import BLOCK, LATEST, POLICIES
@@ -37,10 +37,10 @@ class _Empty:
         return "EMPTY"
 
 
-EMPTY: Any = _Empty()
+EMPTY: Final = _Empty()
 
 
-def item_nbytes(item: Any) -> int:
+def item_nbytes(item: object) -> int:
     """The bytes an item holds, from its ``nbytes`` attribute (``Frame.nbytes``: image + tensor + masks); 0 for
     items without one (they are bounded by the item count only)."""
     n = getattr(item, "nbytes", None)
@@ -135,7 +135,7 @@ class BoundedQueue(Generic[T]):
         self._cond.notify_all()
 
     # -- consumer side -------------------------------------------------------------------------------------------
-    def get(self, timeout: float = POLL_S) -> T:
+    def get(self, timeout: float = POLL_S) -> T | _Empty:
         """The oldest item, or :data:`EMPTY` if none arrived within ``timeout`` or :meth:`wake` was called."""
         with self._cond:
             if not self._items and not self._wakeups:

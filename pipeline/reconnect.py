@@ -18,7 +18,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from vostream.pipeline.errors import ConfigError
 
@@ -209,7 +208,7 @@ class SourceSupervisor:
         if self.state != ENDED:
             self._enter(ENDED, reason)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         """Counters for ``stats()``: state, attempts, reconnects, disconnects, stalls, last reconnect time."""
         with self._lock:
             return {

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from vostream.pipeline.errors import ConfigError, StageError
 
@@ -37,7 +37,7 @@ class _Job(Generic[T]):
     fn: Callable[[], T]
     submitted: float
     done: threading.Event = field(default_factory=threading.Event)
-    result: Any = None
+    result: T | None = None  # set by the worker before ``done``
     error: BaseException | None = None
 
 
@@ -122,7 +122,7 @@ class RoundRobinScheduler:
         job.done.wait()
         if job.error is not None:
             raise job.error
-        return job.result  # type: ignore[no-any-return]
+        return cast(T, job.result)  # fn's result (None only when fn returned None)
 
     def pending(self) -> dict[str, int]:
         """Work waiting per stream (a snapshot)."""

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-In = TypeVar("In")
-Out = TypeVar("Out")
-T = TypeVar("T")
+#: a stage's input (contravariant: a stage that takes any item fits anywhere) and output (covariant)
+In = TypeVar("In", contravariant=True)
+Out = TypeVar("Out", covariant=True)
+#: what a source produces (covariant)
+T_co = TypeVar("T_co", covariant=True)
+#: what a sink consumes (contravariant: a sink of any item takes frames)
+T_contra = TypeVar("T_contra", contravariant=True)
 
 #: Edge policies.  ``block``: the producer waits for room (lossless; files and batch work).
 #: ``latest``: a full queue drops its *oldest* item to admit the new one (bounded latency; live feeds).
@@ -23,7 +27,7 @@ LATEST = "latest"
 POLICIES = (BLOCK, LATEST)
 
 
-class Source(ABC, Generic[T]):
+class Source(ABC, Generic[T_co]):
     """Produces items until it returns ``None`` (end of stream).
 
     ``live`` picks the default edge policy: ``latest`` for live feeds, ``block`` for files.  ``length`` is the
@@ -38,7 +42,7 @@ class Source(ABC, Generic[T]):
         """Acquire resources (open the file or connection).  Raise :class:`SourceError` on failure."""
 
     @abstractmethod
-    def read(self) -> T | None:
+    def read(self) -> T_co | None:
         """Return the next item, or ``None`` at end of stream.  May block; must honour :meth:`interrupt`."""
 
     def interrupt(self) -> None:  # noqa: B027 - optional hook
@@ -47,7 +51,7 @@ class Source(ABC, Generic[T]):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources.  Idempotent."""
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """Source-specific counters (corrupt frames skipped, reconnects, ...) merged into the metrics."""
         return {}
 
@@ -68,7 +72,7 @@ class Stage(ABC, Generic[In, Out]):
         """Called once at end of stream (not on cancel): items still held back, in order."""
         return ()
 
-    def handle_control(self, message: Any) -> bool:
+    def handle_control(self, message: object) -> bool:
         """A control message (for example a :class:`~vostream.pipeline.types.Prompt`) sent with
         :meth:`Pipeline.send_control`; delivered in this stage's thread before its next item, and also while it
         waits for input.  Return True if this stage consumed it."""
@@ -77,11 +81,11 @@ class Stage(ABC, Generic[In, Out]):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources.  Idempotent; called on success, error and cancel alike."""
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {}
 
 
-class Sink(ABC, Generic[T]):
+class Sink(ABC, Generic[T_contra]):
     """The running side of an output: owns files or sockets.  Usable as a context manager."""
 
     name: str = "sink"
@@ -90,7 +94,7 @@ class Sink(ABC, Generic[T]):
         """Acquire resources.  Raise :class:`OutputError` when the output cannot be written."""
 
     @abstractmethod
-    def write(self, item: T) -> None:
+    def write(self, item: T_contra) -> None:
         """Consume one item."""
 
     @abstractmethod
@@ -98,10 +102,10 @@ class Sink(ABC, Generic[T]):
         """Flush and finalise (a valid MP4, a complete JSON).  Idempotent.  Called after an error and on Ctrl-C
         too, so everything written so far stays valid."""
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {}
 
-    def __enter__(self) -> Sink[T]:
+    def __enter__(self) -> Sink[T_contra]:
         self.open()
         return self
 
@@ -109,7 +113,7 @@ class Sink(ABC, Generic[T]):
         self.close()
 
 
-class SinkSpec(ABC, Generic[T]):
+class SinkSpec(ABC, Generic[T_contra]):
     """The inert, picklable description of a sink.  :meth:`build` returns the :class:`Sink` that owns resources.
 
     ``policy`` is what happens when this sink is slower than the pipeline: ``block`` (lose nothing; the whole
@@ -122,7 +126,7 @@ class SinkSpec(ABC, Generic[T]):
     queue_size: int = 8
 
     @abstractmethod
-    def build(self) -> Sink[T]:
+    def build(self) -> Sink[T_contra]:
         """Create the sink (not yet opened)."""
 
 

@@ -11,11 +11,21 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol, TypeVar, runtime_checkable
 
 from .stage import Sink, SinkSpec, Source, Stage
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class _Captured(Protocol):
+    """An item with a wall-clock ``capture_time`` (a :class:`Token`, a ``Frame``)."""
+
+    capture_time: float
+
 
 __test__ = False  # not a test module, whatever pytest's collection rules say
 
@@ -29,7 +39,7 @@ class Token:
     index: int
     capture_time: float = 0.0
     stamps: dict[str, float] = field(default_factory=dict)
-    payload: Any = None
+    payload: object = None
 
 
 def tokens(n: int) -> list[Token]:
@@ -76,7 +86,7 @@ class _Lifecycle:
         self.threads.add(threading.current_thread().name)
 
 
-class ListSource(Source[Any], _Lifecycle):
+class ListSource(Source[T], _Lifecycle):
     """Yields ``items`` in order, then ``None``.  ``delay`` seconds between reads (real sleep, interruptible).
 
     ``live`` picks the pipeline's default policy.  ``fail_at=i`` raises ``exc`` instead of returning item ``i``;
@@ -88,7 +98,7 @@ class ListSource(Source[Any], _Lifecycle):
 
     def __init__(
         self,
-        items: Iterable[Any],
+        items: Iterable[T],
         live: bool = False,
         delay: float = 0.0,
         *,
@@ -120,7 +130,7 @@ class ListSource(Source[Any], _Lifecycle):
         if self.open_exc is not None:
             raise self.open_exc
 
-    def read(self) -> Any:
+    def read(self) -> T | None:
         self._note_thread()
         i = self.reads
         if self.block_after is not None and i == self.block_after and not self._released.is_set():
@@ -138,7 +148,7 @@ class ListSource(Source[Any], _Lifecycle):
             return None
         self.reads += 1
         item = self.items[i]
-        if getattr(item, "capture_time", None) == 0.0:
+        if isinstance(item, _Captured) and item.capture_time == 0.0:
             item.capture_time = time.time()
         return item
 
@@ -154,21 +164,21 @@ class ListSource(Source[Any], _Lifecycle):
         self.close_calls += 1
         self._note_thread()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"reads": self.reads}
 
 
-class FnStage(Stage[Any, Any], _Lifecycle):
-    """Applies ``fn`` to each item (``None`` drops it); records controls and their threads."""
+class FnStage(Stage[object, object], _Lifecycle):
+    """Applies ``fn`` to each item (``None`` drops it); records controls and their threads.  Takes any items."""
 
     __test__ = False
 
     def __init__(
         self,
-        fn: Callable[[Any], Any] = lambda x: x,
+        fn: Callable[[object], object] = lambda x: x,
         *,
         name: str = "fn",
-        finish_items: Sequence[Any] = (),
+        finish_items: Sequence[object] = (),
         consume_controls: bool = True,
     ) -> None:
         _Lifecycle.__init__(self)
@@ -176,24 +186,24 @@ class FnStage(Stage[Any, Any], _Lifecycle):
         self.name = name
         self.finish_items = list(finish_items)
         self.consume_controls = consume_controls
-        self.seen: list[Any] = []
-        self.controls: list[tuple[Any, str, int]] = []  # (message, thread name, items seen before it)
+        self.seen: list[object] = []
+        self.controls: list[tuple[object, str, int]] = []  # (message, thread name, items seen before it)
         self.finish_calls = 0
 
     def open(self) -> None:
         self.open_calls += 1
         self._note_thread()
 
-    def process(self, item: Any) -> Any:
+    def process(self, item: object) -> object:
         self._note_thread()
         self.seen.append(item)
         return self.fn(item)
 
-    def finish(self) -> Iterable[Any]:
+    def finish(self) -> Iterable[object]:
         self.finish_calls += 1
         return list(self.finish_items)
 
-    def handle_control(self, message: Any) -> bool:
+    def handle_control(self, message: object) -> bool:
         self.controls.append((message, threading.current_thread().name, len(self.seen)))
         if isinstance(message, BaseException):
             raise message
@@ -203,7 +213,7 @@ class FnStage(Stage[Any, Any], _Lifecycle):
         self.close_calls += 1
         self._note_thread()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"seen": len(self.seen)}
 
 
@@ -212,11 +222,13 @@ class SlowStage(FnStage):
 
     __test__ = False
 
-    def __init__(self, delay: float, *, name: str = "slow", fn: Callable[[Any], Any] = lambda x: x) -> None:
+    def __init__(
+        self, delay: float, *, name: str = "slow", fn: Callable[[object], object] = lambda x: x
+    ) -> None:
         super().__init__(fn, name=name)
         self.delay = delay
 
-    def process(self, item: Any) -> Any:
+    def process(self, item: object) -> object:
         time.sleep(self.delay)
         return super().process(item)
 
@@ -247,13 +259,13 @@ class FailingStage(FnStage):
         if self.where == "open":
             raise self.exc
 
-    def process(self, item: Any) -> Any:
+    def process(self, item: object) -> object:
         if self.where == "process" and len(self.seen) >= self.after:
             self.seen.append(item)
             raise self.exc
         return super().process(item)
 
-    def finish(self) -> Iterable[Any]:
+    def finish(self) -> Iterable[object]:
         super().finish()
         if self.where == "finish":
             raise self.exc
@@ -265,16 +277,16 @@ class FailingStage(FnStage):
             raise self.exc
 
 
-class ListSink(Sink[Any], _Lifecycle):
+class ListSink(Sink[T], _Lifecycle):
     """Collects items in :attr:`items`; ``delay`` seconds per write; raises ``exc`` on write ``fail_at``."""
 
     __test__ = False
 
-    def __init__(self, spec: ListSinkSpec) -> None:
+    def __init__(self, spec: ListSinkSpec[T]) -> None:
         _Lifecycle.__init__(self)
         self.spec = spec
         self.name = spec.name
-        self.items: list[Any] = []
+        self.items: list[T] = []
         self.closed = False
 
     def open(self) -> None:
@@ -283,7 +295,7 @@ class ListSink(Sink[Any], _Lifecycle):
         if self.spec.open_exc is not None:
             raise self.spec.open_exc
 
-    def write(self, item: Any) -> None:
+    def write(self, item: T) -> None:
         self._note_thread()
         if self.closed:
             raise AssertionError(f"sink '{self.name}': write after close")
@@ -298,11 +310,11 @@ class ListSink(Sink[Any], _Lifecycle):
         self.closed = True
         self._note_thread()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"written": len(self.items)}
 
 
-class ListSinkSpec(SinkSpec[Any]):
+class ListSinkSpec(SinkSpec[T]):
     """Builds a :class:`ListSink`; the built sinks are kept in :attr:`sinks` (the last one is :attr:`sink`)."""
 
     __test__ = False
@@ -325,21 +337,21 @@ class ListSinkSpec(SinkSpec[Any]):
         self.fail_at = fail_at
         self.exc = exc if exc is not None else OSError("fake sink failure")
         self.open_exc = open_exc
-        self.sinks: list[ListSink] = []
+        self.sinks: list[ListSink[T]] = []
 
-    def build(self) -> ListSink:
+    def build(self) -> ListSink[T]:
         sink = ListSink(self)
         self.sinks.append(sink)
         return sink
 
     @property
-    def sink(self) -> ListSink:
+    def sink(self) -> ListSink[T]:
         if not self.sinks:
             raise LookupError(f"sink spec '{self.name}' was never built")
         return self.sinks[-1]
 
     @property
-    def items(self) -> list[Any]:
+    def items(self) -> list[T]:
         return self.sink.items
 
 

@@ -7,11 +7,13 @@ One of each, used from decode to the sinks.  Coordinates in prompts and results 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TypeAlias, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from .errors import PromptError
 
@@ -22,7 +24,7 @@ MAX_OBJ_ID = 255
 MAX_OBJECTS = 255
 
 
-def check_obj_id(obj_id: Any, what: str = "object id") -> int:
+def check_obj_id(obj_id: object, what: str = "object id") -> int:
     """``obj_id`` as an int if it is an integer in 1..:data:`MAX_OBJ_ID`, else :class:`PromptError`."""
     if isinstance(obj_id, bool) or not isinstance(obj_id, (int, np.integer)):
         raise PromptError(f"{what} must be an integer 1..{MAX_OBJ_ID}, got {obj_id!r}")
@@ -83,7 +85,9 @@ class Frame:
         return float(self.pts * self.time_base)
 
 
-def outside_frame(points: Any, box: Any, width: int, height: int) -> str | None:
+def outside_frame(
+    points: np.ndarray | Iterable[Sequence[float]], box: Sequence[float] | None, width: int, height: int
+) -> str | None:
     """What lies outside a ``width`` x ``height`` frame (``"point (x, y) is outside ..."``), or ``None``.
 
     The one bounds rule for prompts wherever they come from (command line, prompts files, the viewer): points
@@ -101,75 +105,118 @@ def outside_frame(points: Any, box: Any, width: int, height: int) -> str | None:
     return None
 
 
-@dataclass(frozen=True, eq=False)
+#: (K, 2) float32 ``x, y`` in source pixels
+Points: TypeAlias = "npt.NDArray[np.float32]"
+#: (K,) int32 point labels: 1 positive, 0 negative
+Labels: TypeAlias = "npt.NDArray[np.int32]"
+#: ``(x0, y0, x1, y1)`` in source pixels (x1, y1 exclusive)
+Box: TypeAlias = "tuple[float, float, float, float]"
+#: boolean (H, W) at source size
+Mask: TypeAlias = "npt.NDArray[np.bool_]"
+#: what :class:`Prompt` takes as points: an (K, 2) array or a sequence of ``(x, y)`` pairs
+PointsLike: TypeAlias = "np.ndarray | Sequence[Sequence[float]]"
+#: what :class:`Prompt` takes as labels: a (K,) array or a sequence of 0/1
+LabelsLike: TypeAlias = "np.ndarray | Sequence[int]"
+#: what :class:`Prompt` takes as a box: four numbers
+BoxLike: TypeAlias = "np.ndarray | Sequence[float]"
+
+
+def _points(obj_id: int, points: PointsLike) -> Points:
+    """``points`` as a (K, 2) float32 array of finite numbers, else :class:`PromptError`."""
+    try:
+        arr = np.asarray(points, dtype=np.float32)
+        pts = arr.reshape(-1, 2) if arr.size else np.zeros((0, 2), np.float32)
+    except (TypeError, ValueError):
+        raise PromptError(
+            f"object {obj_id}: points must be (x, y) pairs of numbers, got {points!r}"
+        ) from None
+    if not np.all(np.isfinite(pts)):
+        raise PromptError(f"object {obj_id}: point coordinates must be finite numbers")
+    return pts
+
+
+def _box(obj_id: int, box: BoxLike) -> Box:
+    """``box`` as four finite floats with x1 > x0 and y1 > y0, else :class:`PromptError`."""
+    try:
+        values = tuple(float(v) for v in box)
+    except (TypeError, ValueError):
+        values = ()
+    if len(values) != 4 or not all(math.isfinite(v) for v in values):
+        raise PromptError(f"object {obj_id}: a box is four finite numbers x0,y0,x1,y1")
+    x0, y0, x1, y1 = values
+    if x1 <= x0 or y1 <= y0:
+        raise PromptError(f"object {obj_id}: box {values} is empty (need x1 > x0 and y1 > y0)")
+    return x0, y0, x1, y1
+
+
+def _mask(obj_id: int, mask: np.ndarray) -> Mask:
+    """``mask`` as a non-empty boolean 2-D array, else :class:`PromptError`."""
+    m = np.asarray(mask)
+    if m.ndim != 2:
+        raise PromptError(f"object {obj_id}: a mask prompt must be 2-D, got shape {m.shape}")
+    m = m.astype(bool)
+    if not m.any():
+        raise PromptError(f"object {obj_id}: the mask prompt is empty")
+    return m
+
+
+@dataclass(frozen=True, eq=False, init=False)
 class Prompt:
-    """Points, a box and/or a mask for one object on one frame.
+    """Points, a box and/or a mask for one object on one frame, checked and normalised once, at construction.
 
     ``points`` is (K, 2) float32 ``x, y`` in source pixels; ``labels`` (K,) int32: 1 positive, 0 negative.
-    ``box`` is ``(x0, y0, x1, y1)`` in source pixels.  ``mask`` is a boolean (H, W) array at source size.
-    ``obj_id`` is 1..:data:`MAX_OBJ_ID` (:class:`PromptError` otherwise, at construction: every entry point
-    builds a ``Prompt``).
+    ``box`` is ``(x0, y0, x1, y1)`` in source pixels with ``x1 > x0`` and ``y1 > y0``.  ``mask`` is a non-empty
+    boolean (H, W) array at source size.  ``obj_id`` is 1..:data:`MAX_OBJ_ID`, ``frame_index`` >= 0.
+
+    The constructor also takes points as any sequence of ``(x, y)`` pairs, labels as a sequence of ints, the box as
+    any four numbers and a mask of any dtype (non-zero = object); a prompt it cannot normalise is a
+    :class:`PromptError`.  Every entry point builds a ``Prompt``, so a tracker, sink or app that receives one
+    needs no checks of its own beyond the frame bounds (:meth:`check_bounds`, which needs the frame size).
     """
 
     obj_id: int
-    frame_index: int = 0
-    points: Any = field(
-        default_factory=lambda: np.zeros((0, 2), np.float32)
-    )  # array-like in, ndarray after init
-    labels: Any = field(default_factory=lambda: np.zeros((0,), np.int32))
-    box: Any = None  # (x0, y0, x1, y1) or any 4-sequence in, tuple of floats after init
-    mask: np.ndarray | None = None
+    frame_index: int
+    points: Points
+    labels: Labels
+    box: Box | None
+    mask: Mask | None
 
-    def __post_init__(self) -> None:
-        check_obj_id(self.obj_id)
-        if (
-            isinstance(self.frame_index, bool)
-            or not isinstance(self.frame_index, (int, np.integer))
-            or self.frame_index < 0
-        ):
-            raise PromptError(f"frame index must be a non-negative integer, got {self.frame_index!r}")
-        pts = (
-            np.asarray(self.points, dtype=np.float32).reshape(-1, 2)
-            if len(self.points)
-            else np.zeros((0, 2), np.float32)
-        )
-        labels = np.asarray(self.labels, dtype=np.int32).reshape(-1)
-        if len(labels) != len(pts):
-            raise PromptError(f"object {self.obj_id}: {len(pts)} points but {len(labels)} labels")
-        if not np.all(np.isfinite(pts)):
-            raise PromptError(f"object {self.obj_id}: point coordinates must be finite numbers")
-        if np.any((labels != 0) & (labels != 1)):
-            raise PromptError(f"object {self.obj_id}: point labels must be 1 (positive) or 0 (negative)")
+    def __init__(
+        self,
+        obj_id: int,
+        frame_index: int = 0,
+        points: PointsLike = (),
+        labels: LabelsLike = (),
+        box: BoxLike | None = None,
+        mask: np.ndarray | None = None,
+    ) -> None:
+        check_obj_id(obj_id)
+        if isinstance(frame_index, bool) or not isinstance(frame_index, (int, np.integer)) or frame_index < 0:
+            raise PromptError(f"frame index must be a non-negative integer, got {frame_index!r}")
+        pts = _points(obj_id, points)
+        labs = np.asarray(labels, dtype=np.int32).reshape(-1)
+        if len(labs) != len(pts):
+            raise PromptError(f"object {obj_id}: {len(pts)} points but {len(labs)} labels")
+        if np.any((labs != 0) & (labs != 1)):
+            raise PromptError(f"object {obj_id}: point labels must be 1 (positive) or 0 (negative)")
+        norm_box = None if box is None else _box(obj_id, box)
+        norm_mask = None if mask is None else _mask(obj_id, mask)
+        if len(pts) == 0 and norm_box is None and norm_mask is None:
+            # negative points alone are fine as a correction of an existing object; the tracker checks that
+            raise PromptError(f"object {obj_id}: a prompt needs at least one point, a box or a mask")
+        object.__setattr__(self, "obj_id", int(obj_id))
+        object.__setattr__(self, "frame_index", int(frame_index))
         object.__setattr__(self, "points", pts)
-        object.__setattr__(self, "labels", labels)
-        if self.box is not None:
-            box = tuple(float(v) for v in self.box)
-            if len(box) != 4 or not all(math.isfinite(v) for v in box):
-                raise PromptError(f"object {self.obj_id}: a box is four finite numbers x0,y0,x1,y1")
-            x0, y0, x1, y1 = box
-            if x1 <= x0 or y1 <= y0:
-                raise PromptError(f"object {self.obj_id}: box {box} is empty (need x1 > x0 and y1 > y0)")
-            object.__setattr__(self, "box", box)
-        if self.mask is not None:
-            m = np.asarray(self.mask)
-            if m.ndim != 2:
-                raise PromptError(f"object {self.obj_id}: a mask prompt must be 2-D, got shape {m.shape}")
-            m = m.astype(bool)
-            if not m.any():
-                raise PromptError(f"object {self.obj_id}: the mask prompt is empty")
-            object.__setattr__(self, "mask", m)
-        if len(pts) == 0 and self.box is None and self.mask is None:
-            raise PromptError(f"object {self.obj_id}: a prompt needs at least one point, a box or a mask")
-        if len(pts) and self.box is None and self.mask is None and not np.any(labels == 1):
-            # Negative points alone are fine as a correction of an existing object; the tracker checks that.
-            pass
+        object.__setattr__(self, "labels", labs)
+        object.__setattr__(self, "box", norm_box)
+        object.__setattr__(self, "mask", norm_mask)
 
     @property
-    def positive_points(self) -> np.ndarray:
+    def positive_points(self) -> Points:
         return self.points[self.labels == 1]
 
     @property
-    def negative_points(self) -> np.ndarray:
+    def negative_points(self) -> Points:
         return self.points[self.labels == 0]
 
     def check_bounds(self, width: int, height: int, source: str = "") -> None:
@@ -215,6 +262,13 @@ class Prompt:
         return Prompt(self.obj_id, self.frame_index, pts, self.labels, box, mask)
 
 
+class Rle(TypedDict):
+    """COCO run-length encoding of one mask: ``size`` ``[h, w]`` and the compressed ``counts`` string."""
+
+    size: list[int]
+    counts: str
+
+
 def _empty_masks(h: int, w: int) -> np.ndarray:
     return np.zeros((0, h, w), dtype=bool)
 
@@ -236,7 +290,7 @@ class TrackResult:
     boxes: np.ndarray
     masks: np.ndarray | None = None
     logits: np.ndarray | None = None
-    rles: list[dict[str, Any]] | None = None
+    rles: list[Rle] | None = None
 
     def __post_init__(self) -> None:
         self.obj_ids = np.asarray(self.obj_ids, dtype=np.int64).reshape(-1)
@@ -268,7 +322,7 @@ class TrackResult:
             masks=_empty_masks(height, width),
         )
 
-    def __getitem__(self, index: Any) -> TrackResult:
+    def __getitem__(self, index: npt.ArrayLike) -> TrackResult:
         """Boolean or integer-array slicing of every parallel array: ``result[result.present]``."""
         idx = np.asarray(index)
         if idx.dtype == bool:
@@ -310,7 +364,7 @@ class TrackResult:
                 out[m] = oid
         return out
 
-    def to_rles(self) -> list[dict[str, Any]]:
+    def to_rles(self) -> list[Rle]:
         """COCO RLE (compressed ``counts`` as str, the same string pycocotools makes) for each row's mask; cached
         in ``rles``.  See :func:`rle_counts`."""
         if self.rles is None:
@@ -421,6 +475,7 @@ __all__ = [
     "Prompt",
     "RemoveObject",
     "ResetTracker",
+    "Rle",
     "TrackResult",
     "boxes_from_masks",
     "rle_counts",

@@ -11,10 +11,10 @@ import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from vostream.pipeline.errors import ConfigError
 from vostream.pipeline.stage import SinkSpec
+from vostream.pipeline.types import Frame
 
 from .mot import MotSink, MotSinkSpec
 from .overlay import DAVIS_PALETTE, OverlayStyle, color_for, draw_overlay
@@ -38,17 +38,20 @@ def build_file_sinks(
     formats: Iterable[str] = ("video", "png", "json", "mot"),
     fps: float | None = None,
     source_name: str | None = None,
-    **video_options: Any,
-) -> list[SinkSpec[Any]]:
+    *,
+    clock: str = "source",
+    options: dict[str, str] | None = None,
+) -> list[SinkSpec[Frame]]:
     """Sink specs for ``formats`` under ``out_dir``: ``overlay.mp4``, ``masks/00000.png``..., ``annotations.json``,
     ``mot.txt``.
 
     ``fps`` (a positive number) makes the video constant-rate; ``None``/0 keeps the frames' timestamps.
-    ``source_name`` names the video in the JSON.  ``video_options`` go to :class:`VideoSinkSpec`.  Raises
+    ``source_name`` names the video in the JSON.  ``clock`` and ``options`` (extra encoder options) go to
+    :class:`VideoSinkSpec` (``clock="capture"`` for live feeds); other video settings: build a ``VideoSinkSpec``.  Raises
     :class:`ConfigError` for an unknown format.  Nothing is created until a sink is opened.
     """
     out = Path(out_dir)
-    specs: list[SinkSpec[Any]] = []
+    specs: list[SinkSpec[Frame]] = []
     seen: set[str] = set()
     for fmt in formats:
         key = str(fmt).strip().lower()
@@ -59,7 +62,11 @@ def build_file_sinks(
         seen.add(key)
         target = out / FILE_FORMATS[key]
         if key == "video":
-            specs.append(VideoSinkSpec(target, fps=fps if fps and fps > 0 else None, **video_options))
+            specs.append(
+                VideoSinkSpec(
+                    target, fps=fps if fps and fps > 0 else None, clock=clock, options=dict(options or {})
+                )
+            )
         elif key == "png":
             specs.append(PngSinkSpec(target))
         elif key == "json":

@@ -10,7 +10,6 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from vostream.pipeline.errors import OutputError
 from vostream.pipeline.stage import Sink, SinkSpec
@@ -88,7 +87,7 @@ class MotSink(Sink[Frame]):
             file.commit()
             logger.info("%s: wrote %d lines", self.path, self._lines)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"lines": self._lines}
 
 

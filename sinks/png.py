@@ -10,7 +10,6 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -94,7 +93,7 @@ class PngSink(Sink[Frame]):
             logger.info("%s: wrote %d mask PNGs", self.dir, self._written)
         self._opened = False
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"frames": self._written}
 
 

@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 import av
@@ -42,6 +42,9 @@ from vostream.pipeline.stage import LATEST, Sink, SinkSpec
 from vostream.pipeline.types import Frame
 
 from .overlay import OverlayStyle, draw_overlay
+
+if TYPE_CHECKING:
+    from av.container import OutputContainer
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +196,7 @@ class _Publisher:
         # timeout does not reach it: a server that accepts the connection but never answers (a stopped relay)
         # froze every thread of the process, signal handling included, for good.  FFmpeg's socket I/O timeout
         # ("timeout", microseconds) bounds the handshake, and every later read or write, to open_timeout.
-        self.container: Any = av.open(
+        self.container: OutputContainer = av.open(
             spec.url,
             "w",
             format="rtsp",
@@ -202,12 +205,14 @@ class _Publisher:
         )
         try:
             rate = Fraction(spec.fps).limit_denominator(1001000)
-            stream: Any = self.container.add_stream(spec.codec, rate=rate)
+            stream = self.container.add_stream(spec.codec, rate=rate)
+            if not isinstance(stream, av.VideoStream):
+                raise ConfigError(f"rtsp output {spec.url!r}: {spec.codec!r} is not a video encoder")
             stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
             stream.time_base = TIME_BASE
             stream.codec_context.time_base = TIME_BASE
             gop = spec.gop or max(1, round(spec.fps))
-            options = {"g": str(gop), "bf": "0"}
+            options: dict[str, object] = {"g": str(gop), "bf": "0"}
             if spec.codec == "libx264":
                 options.update({"preset": spec.preset, "tune": spec.tune})
                 if spec.bitrate is None:
@@ -492,7 +497,7 @@ class RtspSink(Sink[Frame]):
             self._watchdog.join()
             self._watchdog = None
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """``received``, ``sent`` (input pictures published), ``stub_frames`` (banner frames), ``dropped``
         (replaced before sending), ``dropped_offline`` (server away), ``reconnects``, ``state``,
         ``stalls`` (the server stopped reading for ``write_timeout``),
@@ -514,8 +519,18 @@ class RtspSink(Sink[Frame]):
         }
 
 
-def rtsp_out_spec(settings: Any, fps: float | None) -> RtspSinkSpec:
+class RtspOutSettings(Protocol):
+    """The settings :func:`rtsp_out_spec` reads (``vostream.apps.config.TrackSettings`` has them)."""
+
+    rtsp_out: str | None
+    rtsp_out_bitrate: int | None
+    rtsp_out_gop: int | None
+
+
+def rtsp_out_spec(settings: RtspOutSettings, fps: float | None) -> RtspSinkSpec:
     """The RTSP output of a ``vostream track`` run (``--rtsp-out`` and the ``rtsp_out_*`` settings)."""
+    if settings.rtsp_out is None:
+        raise ConfigError("rtsp_out_spec needs settings.rtsp_out, an rtsp:// URL to publish to")
     return RtspSinkSpec(
         settings.rtsp_out,
         fps=fps if fps and fps > 0 else 25.0,

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import av
 import numpy as np
@@ -23,6 +23,10 @@ from vostream.pipeline.types import Frame
 
 from .atomic import commit, discard, ensure_dir, temp_path_for
 from .overlay import OverlayStyle, draw_overlay
+
+if TYPE_CHECKING:
+    from av.container import OutputContainer
+    from av.video.stream import VideoStream
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +93,8 @@ class VideoSink(Sink[Frame]):
         self.path = Path(spec.path)
         self.style = OverlayStyle(alpha=spec.alpha, contours=spec.contours, labels=spec.labels)
         self._tmp: Path | None = None
-        self._container: Any = None
-        self._stream: Any = None
+        self._container: OutputContainer | None = None
+        self._stream: VideoStream | None = None
         self._size: tuple[int, int] | None = None  # encoded (w, h)
         self._time_base: Fraction | None = None
         self._use_source_pts = spec.fps is None
@@ -124,7 +128,7 @@ class VideoSink(Sink[Frame]):
             raise OutputError(f"cannot write {str(self.path)!r}: {err}") from err
         self._closed = False
 
-    def _add_stream(self, frame: Frame) -> None:
+    def _add_stream(self, container: OutputContainer, frame: Frame) -> VideoStream:
         h, w = frame.height - frame.height % 2, frame.width - frame.width % 2
         if w == 0 or h == 0:
             raise OutputError(
@@ -143,7 +147,9 @@ class VideoSink(Sink[Frame]):
         if self._use_source_pts and (frame.pts is None or frame.time_base is None):
             self._use_source_pts = False
         rate = Fraction(self.spec.fps or DEFAULT_FPS).limit_denominator(1001000)
-        stream = self._container.add_stream(self.spec.codec, rate=rate)
+        stream = container.add_stream(self.spec.codec, rate=rate)
+        if not isinstance(stream, av.VideoStream):
+            raise OutputError(f"video sink {self.path}: {self.spec.codec!r} is not a video encoder")
         stream.width, stream.height, stream.pix_fmt = w, h, self.spec.pix_fmt
         if self._capture_clock:
             self._time_base = CAPTURE_TIME_BASE
@@ -153,12 +159,13 @@ class VideoSink(Sink[Frame]):
             self._time_base = 1 / rate
         stream.time_base = self._time_base
         stream.codec_context.time_base = self._time_base
-        options = dict(self.spec.options)
+        options: dict[str, object] = dict(self.spec.options)
         if self.spec.codec == "libx264":
             options = {"crf": str(self.spec.crf), "preset": self.spec.preset, **options}
         if options:
             stream.options = options
         self._stream, self._size = stream, (w, h)
+        return stream
 
     def write(self, frame: Frame) -> None:
         """Draw ``frame.result`` on a copy of the frame and encode it."""
@@ -166,8 +173,9 @@ class VideoSink(Sink[Frame]):
             raise OutputError(f"video sink {self.path}: write after close")
         if self._container is None:
             self.open()
-        if self._stream is None:
-            self._add_stream(frame)
+        container = self._container
+        assert container is not None  # open() made it or raised
+        stream = self._stream if self._stream is not None else self._add_stream(container, frame)
         assert self._size is not None
         w, h = self._size
         if frame.width < w or frame.height < h:
@@ -182,8 +190,8 @@ class VideoSink(Sink[Frame]):
         if self._broken:
             raise OutputError(f"video sink {self.path}: write after a failed write")
         try:
-            for packet in self._stream.encode(av_frame):
-                self._container.mux(packet)
+            for packet in stream.encode(av_frame):
+                container.mux(packet)
         except (av.error.FFmpegError, OSError) as err:
             self._broken = True
             raise OutputError(
@@ -256,7 +264,7 @@ class VideoSink(Sink[Frame]):
         commit(tmp, self.path)
         logger.info("%s: wrote %d frames", self.path, self._written)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"frames": self._written}
 
 

@@ -13,11 +13,10 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from vostream.pipeline.errors import ConfigError, OutputError
 from vostream.pipeline.stage import Sink, SinkSpec
-from vostream.pipeline.types import Frame
+from vostream.pipeline.types import Frame, Rle
 
 from .atomic import AtomicFile, ensure_dir
 
@@ -135,7 +134,7 @@ class VisJsonSink(Sink[Frame]):
         self.parts.append(path)
         logger.info("%s: wrote frames %d..%d", path, self._first, self._length - 1)
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> dict[str, object]:
         """The JSON document for the frames written so far (of the current part, when rolling: its lists start at
         frame ``videos[0]["first_frame"]``)."""
         h, w = self._size
@@ -166,7 +165,7 @@ class VisJsonSink(Sink[Frame]):
                     "score": sum(present) / len(present) if present else 0.0,
                 }
             )
-        video: dict[str, Any] = {
+        video: dict[str, object] = {
             "id": 1,
             "file_name": name,
             "file_names": [f"{stem}/{i:05d}.jpg" for i in frames],
@@ -204,11 +203,11 @@ class VisJsonSink(Sink[Frame]):
             json.dump(self.document(), f, separators=(",", ":"))  # f.write: errors name the file
         logger.info("%s: wrote %d objects over %d frames", self.path, len(self._tracks), self._length)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"frames": self._frames, "objects": len(self._tracks)}
 
 
-def _rle_area(rle: dict[str, Any]) -> int:
+def _rle_area(rle: Rle) -> int:
     from pycocotools import mask as mask_utils
 
     return int(mask_utils.area({"size": rle["size"], "counts": rle["counts"].encode("ascii")}))

@@ -22,9 +22,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TypedDict
 
 import cv2
 import msgpack
@@ -33,7 +33,7 @@ import numpy as np
 from vostream.pipeline.errors import ConfigError
 from vostream.pipeline.metrics import Ring
 from vostream.pipeline.stage import LATEST, Sink, SinkSpec
-from vostream.pipeline.types import Frame
+from vostream.pipeline.types import Frame, Rle
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +60,14 @@ class PackedFrame:
     held: bool = False
 
     @classmethod
-    def pack(cls, fields: dict[str, Any]) -> PackedFrame:
+    def pack(cls, fields: Mapping[str, object]) -> PackedFrame:
+        """``fields`` (msgpack-able values; ``seq`` and ``index`` ints, ``capture_ms`` a number) as one frame."""
+        seq, index, capture_ms = fields["seq"], fields["index"], fields.get("capture_ms", 0.0)
+        if not (isinstance(seq, int) and isinstance(index, int) and isinstance(capture_ms, (int, float))):
+            raise TypeError(f"a frame needs int seq and index and a numeric capture_ms, got {fields!r}")
         packer = msgpack.Packer(use_bin_type=True)
         body = b"".join(packer.pack(k) + packer.pack(v) for k, v in fields.items())
-        return cls(
-            int(fields["seq"]), int(fields["index"]), body, len(fields), float(fields.get("capture_ms", 0.0))
-        )
+        return cls(seq, index, body, len(fields), float(capture_ms))
 
     def finish(self, sent_ms: float) -> bytes:
         n = self.count + 1 + self.held
@@ -75,6 +77,24 @@ class PackedFrame:
 
     def __len__(self) -> int:
         return len(self.body) + 16
+
+
+class LatencyStats(TypedDict):
+    """Glass-to-glass latency of one client, in milliseconds (NaN before the first acknowledged frame)."""
+
+    p50: float
+    p95: float
+    n: int
+
+
+class SlotStats(TypedDict):
+    """:meth:`ClientSlot.stats`."""
+
+    drops: int
+    sent: int
+    acked: int
+    inflight: int
+    latency_ms: LatencyStats
 
 
 class ClientSlot:
@@ -146,7 +166,7 @@ class ClientSlot:
             self.closed = True
             self._pending = None
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> SlotStats:
         p50, p95 = self.glass_ms.percentiles(50, 95) if len(self.glass_ms) else (float("nan"),) * 2
         with self._lock:
             return {
@@ -240,6 +260,17 @@ def scale_image(image: np.ndarray, width: int, height: int) -> np.ndarray:
     return cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
 
 
+class ViewerObject(TypedDict):
+    """One object of a frame message (``docs/viewer.md``): id, score, present, box ``[x0, y0, x1, y1]`` and its
+    COCO RLE (None when absent)."""
+
+    id: int
+    score: float
+    present: bool
+    box: list[float]
+    rle: Rle | None
+
+
 @dataclass
 class _FrameRecord:
     height: int
@@ -255,7 +286,7 @@ class AnnotationRecord:
         self._lock = threading.Lock()
         self._frames: dict[int, _FrameRecord] = {}
 
-    def add(self, index: int, height: int, width: int, objs: list[dict[str, Any]]) -> None:
+    def add(self, index: int, height: int, width: int, objs: list[ViewerObject]) -> None:
         rows = [
             (o["id"], o["score"], o["present"], o["box"], o["rle"]["counts"] if o["rle"] else None)
             for o in objs
@@ -272,13 +303,13 @@ class AnnotationRecord:
             return len(self._frames)
 
 
-def frame_objects(frame: Frame) -> list[dict[str, Any]]:
+def frame_objects(frame: Frame) -> list[ViewerObject]:
     """The ``objs`` list of a frame message: id, score, present, box and COCO RLE (None when absent)."""
     result = frame.result
     if result is None or not len(result):
         return []
     rles = result.to_rles()
-    objs = []
+    objs: list[ViewerObject] = []
     for row, oid in enumerate(result.obj_ids.tolist()):
         present = bool(result.present[row])
         objs.append(
@@ -363,7 +394,7 @@ class ViewerSink(Sink[Frame]):
     def close(self) -> None:
         """Nothing to flush: frames are published as they come.  Idempotent."""
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         p50, p95 = self._encode_ms.percentiles(50, 95) if len(self._encode_ms) else (float("nan"),) * 2
         return {
             "published": self._seq,

@@ -10,7 +10,6 @@ box, so at 854x480 with 1-4 objects the whole stage takes a few milliseconds.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import cv2
 import numpy as np
@@ -177,7 +176,7 @@ class PostprocessStage(Stage[Frame, Frame]):
         self._frames += 1
         return frame
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"frames": self._frames}
 
 

@@ -18,7 +18,6 @@ import itertools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.stage import Stage
@@ -33,7 +32,7 @@ logger = logging.getLogger(__name__)
 class _Pending:
     frame_index: int
     seq: int
-    message: Any = field(compare=False)
+    message: Control = field(compare=False)
     injected: bool = field(compare=False, default=False)
 
 
@@ -50,23 +49,22 @@ class TrackStage(Stage[Frame, Frame]):
         self.late_prompts = 0
         self.rejected_prompts = 0
         self.applied_prompts = 0
-        self.unapplied: list[Any] = []
+        self.unapplied: list[Control] = []
         self._objects = 0
         self.aborted_steps = 0
         self._should_stop: Callable[[], bool] | None = None
-        self._backend: dict[
-            str, Any
-        ] = {}  # the session's last metrics(), kept after close for the final stats
+        #: the session's last metrics(), kept after close for the final stats
+        self._backend: dict[str, object] = {}
         for p in prompts:
             self._schedule(p, injected=False)
 
     # -- control ---------------------------------------------------------------------------------------------
-    def _schedule(self, message: Any, injected: bool) -> None:
+    def _schedule(self, message: object, injected: bool) -> None:
         if not isinstance(message, (Prompt, RemoveObject, ResetTracker)):
             raise TypeError(f"track stage cannot handle {type(message).__name__}")
         bisect.insort(self._pending, _Pending(message.frame_index, next(self._seq), message, injected))
 
-    def handle_control(self, message: Any) -> bool:
+    def handle_control(self, message: object) -> bool:
         if isinstance(message, (Prompt, RemoveObject, ResetTracker)):
             self._schedule(message, injected=True)
             return True
@@ -144,7 +142,7 @@ class TrackStage(Stage[Frame, Frame]):
             self.session.close()
             self.session = None
 
-    def _session_metrics(self) -> dict[str, Any]:
+    def _session_metrics(self) -> dict[str, object]:
         if self.session is None:
             return self._backend
         try:
@@ -153,10 +151,10 @@ class TrackStage(Stage[Frame, Frame]):
             logger.debug("tracker session metrics() failed", exc_info=True)
             return self._backend
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """Prompt counters, plus the tracker session's own ``metrics()`` (host<->device bytes, ms per graph of the
         SAM-2 backends) under ``"backend"`` when it reports any."""
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "objects": self._objects,
             "applied_prompts": self.applied_prompts,
             "late_prompts": self.late_prompts,

@@ -348,8 +348,14 @@ def test_open_source_dispatch(tmp_path: Path) -> None:
     path = moving_square_clip(".mp4", "libx264", count=N, width=W, height=H)
     assert isinstance(open_source(path), VideoFileSource)
     assert isinstance(open_source(f"file://{path}"), VideoFileSource)
-    with pytest.raises(ConfigError, match="bad option"):
-        open_source(path, no_such_option=1)
+    with pytest.raises(TypeError, match="no_such_option"):  # explicit keyword parameters: wrong at the call
+        open_source(path, no_such_option=1)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="fps: not an option of a video file"):
+        open_source(path, fps=30)
+    with pytest.raises(ConfigError, match="threads: not an option of a frames directory"):
+        open_source(tmp_path, threads=2)
+    with pytest.raises(ConfigError, match="start and threads: not an option of a live source"):
+        open_source("rtsp://example.invalid/cam", start=3, threads=2)
     assert not is_live_uri(str(path))
 
 

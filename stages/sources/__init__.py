@@ -9,7 +9,6 @@ returns ``None`` at end of stream (``docs/sources.md``).
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from vostream.pipeline.errors import ConfigError, SourceError
 from vostream.pipeline.stage import Source
@@ -52,7 +51,7 @@ def probe(
             source.height,
             source.fps,
             source.length,
-            source._stream.codec_context.name,
+            source.codec,
             source.rotation,
         )
     finally:
@@ -65,34 +64,59 @@ def is_live_uri(uri: str | os.PathLike[str]) -> bool:
     return text.lower().startswith(_LIVE_PREFIXES) or text.isdigit()
 
 
-def open_live_source(uri: str, **options: Any) -> Source[Frame]:
-    """The source for a live feed (RTSP, HTTP, cameras): a :class:`~vostream.stages.sources.live.LiveSource`
-    (``live = True``: reconnects by itself; ``docs/live.md``).  Raises :class:`ConfigError` for bad options."""
-    return open_live(uri, **options)
+#: ``open_live_source(uri, ...)`` is :class:`~vostream.stages.sources.live.LiveSource`'s constructor (a live feed:
+#: RTSP, HTTP, cameras; ``live = True``: reconnects by itself; ``docs/live.md``).  Its options are explicit
+#: keyword-only parameters: an unknown one is a ``TypeError`` at the call (and a mypy error), a bad value a
+#: :class:`ConfigError`.
+open_live_source = open_live
 
 
-def open_source(uri: str | os.PathLike[str], **options: Any) -> Source[Frame]:
+def open_source(
+    uri: str | os.PathLike[str],
+    *,
+    start: int = 0,
+    max_frames: int | None = None,
+    fps: float | None = None,
+    threads: str | int | None = None,
+    source_id: str | None = None,
+) -> Source[Frame]:
     """The source for ``uri``: a directory → :class:`FrameDirSource`, a file → :class:`VideoFileSource`,
-    a live URI → :func:`open_live_source`.  ``options`` go to the source's constructor.
+    a live URI → :func:`open_live_source` (which takes the live-only options: transport, reconnect policy, ...).
 
-    Raises :class:`SourceError` when ``uri`` does not exist and :class:`ConfigError` for options the source does
-    not take.
+    ``start``: frames to skip (files and directories); ``max_frames``: the most frames to deliver;
+    ``fps``: the frame rate of a directory of images (or a live feed's nominal rate; a file's comes from its
+    stream); ``threads``: a file's decoder threads (``"AUTO"`` when None); ``source_id``: the name in outputs.
+    Options of one kind only (a file's ``timeout``, a live feed's ``transport``) go to that source's constructor.
+
+    Raises :class:`SourceError` when ``uri`` does not exist and :class:`ConfigError` for an option the kind of
+    source found does not take (e.g. ``fps`` for a video file) or a bad value.  An unknown option is a
+    ``TypeError`` at the call.
     """
     text = os.fspath(uri)
     if text.startswith("file://"):
         text = text[len("file://") :]
+
+    def refuse(kind: str, **given: object) -> None:
+        names = [name for name, value in given.items() if value is not None]
+        if names:
+            raise ConfigError(f"{' and '.join(names)}: not an option of {kind} ({text!r})")
+
     if is_live_uri(text):
-        return open_live_source(text, **options)
+        refuse("a live source", start=start or None, threads=threads)
+        return open_live_source(text, fps=fps, max_frames=max_frames, source_id=source_id)
     if os.path.isdir(text):
-        cls: type[Source[Frame]] = FrameDirSource
-    elif os.path.exists(text):
-        cls = VideoFileSource
-    else:
-        raise SourceError(f"no such file or directory: {text!r}")
-    try:
-        return cls(text, **options)  # type: ignore[call-arg]
-    except TypeError as err:
-        raise ConfigError(f"bad option for {cls.__name__} ({text!r}): {err}") from err
+        refuse("a frames directory", threads=threads)
+        return FrameDirSource(text, start=start, max_frames=max_frames, fps=fps, source_id=source_id)
+    if os.path.exists(text):
+        refuse("a video file (its rate comes from the stream)", fps=fps)
+        return VideoFileSource(
+            text,
+            threads="AUTO" if threads is None else threads,
+            start=start,
+            max_frames=max_frames,
+            source_id=source_id,
+        )
+    raise SourceError(f"no such file or directory: {text!r}")
 
 
 __all__ = [

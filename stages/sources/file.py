@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import av
 import cv2
@@ -21,6 +21,10 @@ import numpy as np
 from vostream.pipeline.errors import ConfigError, SourceError
 from vostream.pipeline.stage import Source
 from vostream.pipeline.types import Frame
+
+if TYPE_CHECKING:
+    from av.container import InputContainer
+    from av.video.stream import VideoStream
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +61,7 @@ def _upright(image: np.ndarray, turns: int) -> np.ndarray:
     return image if turns == 0 else cv2.rotate(image, _ROTATE[turns])
 
 
-def _open_container(path: str, timeout: float | tuple[float, float] | None) -> Any:
+def _open_container(path: str, timeout: float | tuple[float, float] | None) -> InputContainer:
     """``av.open`` with every PyAV failure mapped to a one-line :class:`SourceError` naming ``path``."""
     if not os.path.exists(path):
         raise SourceError(f"no such file or directory: {path!r}")
@@ -84,14 +88,14 @@ def _open_container(path: str, timeout: float | tuple[float, float] | None) -> A
     return container
 
 
-def _estimate_frames(stream: Any) -> int | None:
+def _estimate_frames(stream: VideoStream) -> int | None:
     if stream.frames:
         return int(stream.frames)
     rate = stream.average_rate or stream.guessed_rate
     if stream.duration and stream.time_base and rate:
         return max(0, round(float(stream.duration * stream.time_base * rate)))
     container = stream.container
-    if container.duration and rate:
+    if isinstance(container, av.container.InputContainer) and container.duration and rate:
         return max(0, round(container.duration / 1_000_000 * float(rate)))
     return None
 
@@ -102,7 +106,7 @@ _BT601 = {2, 5, 6}
 _LIMITED = {0, 1}
 
 
-def to_rgb(frame: Any) -> np.ndarray:
+def to_rgb(frame: av.VideoFrame) -> np.ndarray:
     """RGB uint8 (H, W, 3) of a decoded ``av.VideoFrame``.
 
     The common case, 4:2:0 limited-range BT.601 video with even sizes, is converted by OpenCV (SIMD, several
@@ -164,13 +168,15 @@ class VideoFileSource(Source[Frame]):
         self.source_id = source_id or os.path.basename(self.path)
         self.name = f"decode:{self.source_id}"
         self.length: int | None = None
+        self.codec = ""  # the decoder's name, once open
         self.width = 0
         self.height = 0
         self.fps = 0.0
         self.rotation = 0
-        self._container: Any = None
-        self._frames: Iterator[Any] | None = None
-        self._pending: Any = None  # first av.VideoFrame, decoded eagerly by open()
+        self._container: InputContainer | None = None
+        self._stream: VideoStream | None = None
+        self._frames: Iterator[av.VideoFrame] | None = None
+        self._pending: av.VideoFrame | None = None  # the first frame, decoded eagerly by open()
         self._stop = threading.Event()
         self._delivered = 0
         self._skipped = 0
@@ -198,11 +204,15 @@ class VideoFileSource(Source[Frame]):
             stream.codec_context.thread_count = int(self.threads)
         self._container = container
         self._stream = stream
+        self.codec = stream.codec_context.name
         self.fps = float(stream.average_rate or stream.guessed_rate or 0.0)
         rate = stream.average_rate or stream.guessed_rate
         self._rate = Fraction(rate) if rate else None
         self._cfr = (
-            bool(rate) and stream.base_rate is not None and Fraction(stream.base_rate) == Fraction(rate)
+            rate is not None
+            and bool(rate)
+            and stream.base_rate is not None
+            and Fraction(stream.base_rate) == Fraction(rate)
         )
         total = _estimate_frames(stream)
         if total is not None:
@@ -228,7 +238,7 @@ class VideoFileSource(Source[Frame]):
         w, h = first.width, first.height
         self.width, self.height = (h, w) if _quarter_turns(self.rotation) % 2 else (w, h)
 
-    def _decode(self, container: Any, stream: Any) -> Iterator[Any]:
+    def _decode(self, container: InputContainer, stream: VideoStream) -> Iterator[av.VideoFrame]:
         """Decoded av.VideoFrames; decoder errors on single packets are counted and skipped."""
         demux = container.demux(stream)
         while True:
@@ -266,7 +276,7 @@ class VideoFileSource(Source[Frame]):
                     continue
                 yield frame
 
-    def _next_av_frame(self) -> Any:
+    def _next_av_frame(self) -> av.VideoFrame | None:
         assert self._frames is not None
         while True:
             try:
@@ -298,7 +308,7 @@ class VideoFileSource(Source[Frame]):
                 self.length,
             )
 
-    def _true_index(self, av_frame: Any) -> int:
+    def _true_index(self, av_frame: av.VideoFrame) -> int:
         """The frame's position in the stream (0 = the first frame after ``start``), not a count of delivered
         frames: a frame skipped as corrupt leaves a gap, so outputs and prompts stay on the source's frames.
 
@@ -329,12 +339,10 @@ class VideoFileSource(Source[Frame]):
             self.open()
         if self.max_frames is not None and self._last_index + 1 >= self.max_frames:
             return None
-        if self._pending is not None:
-            av_frame, self._pending = self._pending, None
-        else:
-            av_frame = self._next_av_frame()
-            if av_frame is None:
-                return None
+        av_frame = self._pending if self._pending is not None else self._next_av_frame()
+        self._pending = None
+        if av_frame is None:
+            return None
         index = self._true_index(av_frame)
         if self.max_frames is not None and index >= self.max_frames:
             self._ended = True
@@ -375,7 +383,7 @@ class VideoFileSource(Source[Frame]):
             except av.error.FFmpegError as err:  # pragma: no cover - closing a reader rarely fails
                 logger.debug("%s: error while closing: %s", self.path, err)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"frames": self._delivered, "corrupt_frames": self._corrupt, "truncated": self._truncated}
 
     # -- conveniences ------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import cv2
 import numpy as np
@@ -28,7 +27,7 @@ logger = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
 
-def natural_key(name: str) -> list[Any]:
+def natural_key(name: str) -> list[tuple[int, int, str]]:
     """Sort key where digit runs compare as numbers: ``2.png`` < ``10.png``."""
     return [
         (0, int(part), part) if part.isdigit() else (1, 0, part.lower())
@@ -162,7 +161,7 @@ class FrameDirSource(Source[Frame]):
     def close(self) -> None:
         self._pos = len(self.files)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"frames": self._delivered, "corrupt_frames": self._corrupt}
 
     def __iter__(self) -> Iterator[Frame]:

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING
 
 import av
 
@@ -44,6 +44,10 @@ from vostream.pipeline.reconnect import (
 from vostream.pipeline.stage import Source
 from vostream.pipeline.types import Frame
 from vostream.stages.sources.file import to_rgb
+
+if TYPE_CHECKING:
+    from av.container import InputContainer
+    from av.video.stream import VideoStream
 
 logger = logging.getLogger(__name__)
 
@@ -148,10 +152,10 @@ def _is_timeout(err: BaseException) -> bool:
 class _Connection:
     """One open container and what the index rule needs about it."""
 
-    container: Any
-    stream: Any
-    packets: Iterator[Any]
-    pending: list[Any] = field(default_factory=list)  # decoded av frames not yet delivered
+    container: InputContainer
+    stream: VideoStream
+    packets: Iterator[av.Packet]
+    pending: list[av.VideoFrame] = field(default_factory=list)  # decoded av frames not yet delivered
     base_index: int = 0  # index of the connection's first frame
     ref_pts: int | None = None  # first pts seen on this connection ...
     ref_index: int = 0  # ... and the index it got
@@ -399,7 +403,7 @@ class LiveSource(Source[Frame]):
         av_frame = conn.pending.pop(0)
         return self._make_frame(conn, av_frame)
 
-    def _lag_of(self, conn: _Connection, packet: Any) -> float:
+    def _lag_of(self, conn: _Connection, packet: av.Packet) -> float:
         """How far behind the stream's own clock ``packet`` is read: (wall clock − media time) minus the smallest
         such offset on this connection (the least delayed packet sets the clock's origin).  A decoder or a reader
         slower than the feed makes it grow, whatever the frame ages downstream of the decoder say."""
@@ -421,7 +425,7 @@ class LiveSource(Source[Frame]):
             return SourceError(f"{self.source_id}: connected but got no frame ({reason})")
         return _Lost(reason, stalled)
 
-    def _make_frame(self, conn: _Connection, av_frame: Any) -> Frame:
+    def _make_frame(self, conn: _Connection, av_frame: av.VideoFrame) -> Frame:
         now = self.clock()
         fps = self.fps or 25.0
         if conn.frames == 0:
@@ -537,7 +541,7 @@ class LiveSource(Source[Frame]):
         if self.supervisor.state:
             self.supervisor.end("closed")
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """Supervisor counters plus ``frames``, ``corrupt_frames``, ``index_skipped`` (index gaps from the
         time rule), ``blocked_s`` (time the pipeline did not ask for frames), ``fps``, ``last_index``,
         ``stream_lag_s_p50``/``_p95``/``_max`` (how far behind the stream's clock packets were read),
@@ -586,7 +590,7 @@ class _Lost(Exception):
         self.stalled = stalled
 
 
-def _close_quietly(container: Any) -> None:
+def _close_quietly(container: InputContainer) -> None:
     try:
         container.close()
     except Exception as err:  # noqa: BLE001 - closing a dead connection may fail; nothing to do about it
@@ -598,12 +602,10 @@ def _redact(uri: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", uri)
 
 
-def open_live(uri: str, **options: Any) -> LiveSource:
-    """A :class:`LiveSource` for ``uri``; unknown options raise :class:`ConfigError` naming the source."""
-    try:
-        return LiveSource(uri, **options)
-    except TypeError as err:
-        raise ConfigError(f"bad option for a live source ({_redact(uri)}): {err}") from err
+#: ``open_live(uri, ...)`` is :class:`LiveSource`'s constructor: its options are explicit keyword-only
+#: parameters, so an unknown one is a ``TypeError`` at the call (and a mypy error); a bad value is a
+#: :class:`ConfigError` naming the feed.
+open_live = LiveSource
 
 
 __all__ = [

@@ -38,13 +38,12 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import cv2
 import numpy as np
 
 from vostream.pipeline.errors import BackendError, ConfigError, describe
-from vostream.pipeline.types import Frame, Prompt, TrackResult
+from vostream.pipeline.types import Control, Frame, Prompt, RemoveObject, ResetTracker, TrackResult
 
 from .base import InputSpec, StepAborted, Tracker, TrackerSession
 
@@ -406,7 +405,7 @@ class _ReloadableSession(TrackerSession):
         self._armed_generation = 0
         self._seeds: dict[int, np.ndarray] = {}
         #: controls given to the armed session since it was armed (replayed on the old one if it fails)
-        self._since_armed: list[tuple[str, Any]] = []
+        self._since_armed: list[Control] = []
         self._armed_after = -1  # the last frame of the old model
         self._arm_ms = 0.0
         self.generation, tracker = handle.acquire()
@@ -436,7 +435,7 @@ class _ReloadableSession(TrackerSession):
             if armed is not None:  # the next frame is the new model's: a prompt for it goes there and wins
                 armed.add_prompt(prompt)
                 self._seeds.pop(int(prompt.obj_id), None)
-                self._since_armed.append(("prompt", prompt))
+                self._since_armed.append(prompt)
                 return
             self._switch_if_empty()
             self.inner.add_prompt(prompt)
@@ -448,7 +447,7 @@ class _ReloadableSession(TrackerSession):
                 seeded = self._seeds.pop(int(obj_id), None) is not None
                 if not seeded or int(obj_id) in armed.object_ids:
                     armed.remove_object(obj_id)
-                self._since_armed.append(("remove", obj_id))
+                self._since_armed.append(RemoveObject(int(obj_id)))
                 self._adopt_if_empty()
                 return
             self.inner.remove_object(obj_id)
@@ -460,7 +459,7 @@ class _ReloadableSession(TrackerSession):
             if armed is not None:
                 self._seeds.clear()
                 armed.reset()
-                self._since_armed.append(("reset", None))
+                self._since_armed.append(ResetTracker())
                 self._adopt_if_empty()
                 return
             self.inner.reset()
@@ -495,7 +494,7 @@ class _ReloadableSession(TrackerSession):
             finally:
                 self.handle.release(self.generation)
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> dict[str, object]:
         out = dict(self.inner.metrics() or {})
         out["model_generation"] = self.generation
         out["model_switches"] = self.info.switches
@@ -644,15 +643,16 @@ class _ReloadableSession(TrackerSession):
             number, since = self._armed_generation, self._since_armed
             self._disarm()
             self._failed(number, frame.index, exc)
-            for kind, value in since:  # what the user did since the switch was armed, on the old session
+            for msg in since:  # what the user did since the switch was armed, on the old session
                 try:
-                    if kind == "prompt":
-                        self.inner.add_prompt(value)
-                    elif kind == "remove":
-                        self.inner.remove_object(value)
+                    if isinstance(msg, Prompt):
+                        self.inner.add_prompt(msg)
+                    elif isinstance(msg, RemoveObject):
+                        self.inner.remove_object(msg.obj_id)
                     else:
                         self.inner.reset()
                 except Exception as replay_exc:  # noqa: BLE001 - one bad control must not lose the frame
+                    kind = type(msg).__name__
                     logger.warning("stream %s: %s not replayed: %s", self.label or "?", kind, replay_exc)
             return self.inner.step(frame)
         old, old_number = self.inner, self.generation

@@ -9,8 +9,6 @@ does not close the tracker it wraps: its owner (the deployment) does, after ever
 
 from __future__ import annotations
 
-from typing import Any
-
 from vostream.pipeline.scheduler import RoundRobinScheduler
 from vostream.pipeline.types import Frame, Prompt, TrackResult
 from vostream.stages.trackers.base import InputSpec, Tracker, TrackerSession
@@ -41,7 +39,7 @@ class _ScheduledSession(TrackerSession):
     def close(self) -> None:
         self.scheduler.run(self.stream, self.inner.close)
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> dict[str, object]:
         return self.inner.metrics()
 
 

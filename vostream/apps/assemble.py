@@ -8,7 +8,6 @@ the source, the sinks, the queue size and the policy they pass.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from vostream.pipeline.engine import DEFAULT_MAX_QUEUE_BYTES, Pipeline
 from vostream.pipeline.stage import SinkSpec, Source
@@ -29,7 +28,7 @@ def preprocess_ring(queue_size: int) -> int:
 def assemble_track(
     source: Source[Frame],
     tracker: Tracker,
-    sinks: Sequence[SinkSpec[Any]],
+    sinks: Sequence[SinkSpec[Frame]],
     *,
     prompts: Iterable[Control] = (),
     queue_size: int = 8,

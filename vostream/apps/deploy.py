@@ -22,6 +22,7 @@ in place (one log line, ``vostream_model_reload_failed_total``).
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -29,9 +30,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from vostream.apps.config import TRACKER_KEYS, TrackSettings, merge_settings, read_toml
 from vostream.apps.live_prompts import PromptTimer
@@ -52,6 +55,10 @@ from vostream.stages.trackers.reload import (
 )
 from vostream.stages.trackers.shared import SharedTracker
 
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+    from typing_extensions import NotRequired
+
 logger = logging.getLogger(__name__)
 
 #: keys of the shared ``[tracker]`` table that are settings of the run (the rest go to the backend)
@@ -63,7 +70,7 @@ class DeployConfig:
     """A parsed deployment: the shared tracker's backend and options, and one :class:`TrackSettings` per stream."""
 
     backend: str
-    tracker_options: dict[str, Any]
+    tracker_options: dict[str, object]
     streams: dict[str, TrackSettings]
     metrics_port: int | None = None
     workers: int = 1  # scheduler threads: streams whose frames are tracked at the same time
@@ -78,6 +85,54 @@ class DeployConfig:
         return str(model) if model is not None else None
 
 
+class StreamModelSummary(TypedDict):
+    """The model one stream runs on, in ``deploy-summary.json`` (``docs/deploy.md`` §2)."""
+
+    generation: int
+    switches: int
+    last_switch_frame: int
+    last_switch_ms: float
+    dropped_objects: int
+    failed_switches: int
+
+
+class StreamSummary(TypedDict):
+    """One stream of ``deploy-summary.json``."""
+
+    source: str | None
+    out: str | None
+    frames: int
+    fps: float
+    reason: str
+    error: str | None
+    exit_code: int
+    scheduler: dict[str, float]
+    model: StreamModelSummary
+
+
+class ModelSummary(TypedDict):
+    """The shared model's reloads in ``deploy-summary.json``."""
+
+    generation: int
+    reloads: int
+    reload_failed: int
+    last_load_s: float
+    last_check_s: float
+    last_error: str | None
+
+
+class DeploySummary(TypedDict):
+    """``deploy-summary.json``: what :func:`run_deploy` returns."""
+
+    backend: str
+    tracker_loads: int
+    model: ModelSummary
+    wall_s: float
+    streams: dict[str, StreamSummary]
+    failed: list[str]
+    signalled: NotRequired[bool]  # run_deploy: whether a signal ended the run
+
+
 @dataclass
 class StreamRun:
     """One stream's state in a running deployment."""
@@ -85,7 +140,7 @@ class StreamRun:
     name: str
     settings: TrackSettings
     pipeline: Pipeline | None = None
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, object] = field(default_factory=dict)
     timer: PromptTimer | None = None
     report: RunReport | None = None
     error: str | None = None
@@ -171,7 +226,7 @@ class Deployment:
         self.handle: ModelHandle | None = None
         self.scheduler = RoundRobinScheduler("tracker", workers=config.workers)
         self.streams = {name: StreamRun(name, s) for name, s in config.streams.items()}
-        self._metrics_server: Any = None
+        self._metrics_server: ThreadingHTTPServer | None = None
         self._watcher: ModelWatcher | None = None
         self._reloads: list[threading.Thread] = []
         self.started_at = 0.0
@@ -251,7 +306,7 @@ class Deployment:
                 else:
                     run.pipeline.cancel()
 
-    def wait(self) -> dict[str, Any]:
+    def wait(self) -> DeploySummary:
         """Wait for every stream, write each one's ``summary.json`` and ``deploy-summary.json``; release the
         tracker.  Returns the deployment summary."""
         try:
@@ -272,8 +327,9 @@ class Deployment:
                 finally:
                     if run.timer is not None:
                         run.timer.close()
-                if run.facts.get("out") and run.report is not None:
-                    write_summary(Path(run.facts["out"]) / "summary.json", run.facts, run.report, run.error)
+                out = run.facts.get("out")
+                if out and run.report is not None:
+                    write_summary(Path(str(out)) / "summary.json", run.facts, run.report, run.error)
         finally:
             if self._watcher is not None:
                 self._watcher.close()
@@ -288,11 +344,11 @@ class Deployment:
                 thread.join(10.0)  # a reload under way closes what it loaded once it sees the handle closed
         return self.summary()
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> DeploySummary:
         sched = self.scheduler.stats()
         handle = self.handle
         switches = dict(handle.stream_items()) if handle is not None else {}
-        streams = {}
+        streams: dict[str, StreamSummary] = {}
         for name, run in self.streams.items():
             info = switches.get(name)
             streams[name] = {
@@ -356,7 +412,7 @@ class Deployment:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args: Any) -> None:
+            def log_message(self, format: str, *args: object) -> None:
                 pass
 
         server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
@@ -370,7 +426,7 @@ class _DeployCollector:
     def __init__(self, deployment: Deployment) -> None:
         self.deployment = deployment
 
-    def collect(self) -> Any:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
         streams = self.deployment.streams.values()
@@ -392,7 +448,7 @@ class _DeployCollector:
         yield from model_families(self.deployment.handle, "stream")
 
 
-def run_deploy(config: DeployConfig, quiet: bool = False) -> dict[str, Any]:
+def run_deploy(config: DeployConfig, quiet: bool = False) -> DeploySummary:
     """Run a deployment to its end (files end, live feeds run until a signal).  Returns the summary; it is also
     written to ``deploy-summary.json`` beside the deployment file."""
     deployment = Deployment(config)
@@ -437,7 +493,10 @@ def run_deploy(config: DeployConfig, quiet: bool = False) -> dict[str, Any]:
     return summary
 
 
-def add_run_parser(sub: Any, add_common: Any) -> None:
+def add_run_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    add_common: Callable[[argparse.ArgumentParser], None],
+) -> None:
     p = sub.add_parser(
         "run",
         help="run several streams in one process sharing one tracker (a deployment file)",
@@ -452,7 +511,7 @@ def add_run_parser(sub: Any, add_common: Any) -> None:
     add_common(p)
 
 
-def cmd_run(args: Any) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     if not args.quiet:  # reloads and each stream's switch are status lines of a deployment
         logging.getLogger("vostream.stages.trackers.reload").setLevel(logging.INFO)
         logging.getLogger("vostream.apps.model_watch").setLevel(logging.INFO)

@@ -4,19 +4,22 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vostream.pipeline.engine import Pipeline
 from vostream.stages.trackers.reload import ModelHandle
 
+if TYPE_CHECKING:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-def pipeline_families(labelled: Iterable[tuple[dict[str, str], Pipeline]]) -> list[Any]:
+
+def pipeline_families(labelled: Iterable[tuple[dict[str, str], Pipeline]]) -> list[Metric]:
     """One family per metric name over every ``(extra labels, pipeline)`` pair: ``*_total`` samples become
     counters, the rest gauges.  A sample whose label names differ from its family's first sample is skipped
     (a family has one label set)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    families: dict[str, Any] = {}
+    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
     names: dict[str, list[str]] = {}  # each family's label names, in the order its values are given
     for extra, pipeline in labelled:
         for name, labels, value in pipeline.metrics().samples():
@@ -35,7 +38,7 @@ def pipeline_families(labelled: Iterable[tuple[dict[str, str], Pipeline]]) -> li
     return list(families.values())
 
 
-def model_families(handle: ModelHandle | None, label: str) -> list[Any]:
+def model_families(handle: ModelHandle | None, label: str) -> list[Metric]:
     """The hot-reload figures of ``handle`` (``docs/deploy.md`` §2): ``vostream_model_generation``,
     ``vostream_model_loaded`` (models in memory: 2 while streams switch), ``vostream_model_reloads_total``,
     ``vostream_model_reload_failed_total``, ``vostream_model_reload_seconds`` (the last reload's load + check), and

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -140,12 +141,12 @@ def _assemble(
     assert settings.source is not None
     live = given.live_source is not None
     decode_threads = (
-        {"threads": settings.codec_threads}
+        settings.codec_threads
         if settings.codec_threads and not live and not os.path.isdir(settings.source)
-        else {}
+        else None
     )
     source = given.live_source or open_source(
-        settings.source, max_frames=settings.max_frames, **decode_threads
+        settings.source, max_frames=settings.max_frames, threads=decode_threads
     )
     return assemble_track(
         source,
@@ -167,12 +168,15 @@ def _track_sinks(settings: TrackSettings, given: _TrackInput, out_dir: Path | No
     live = given.live_source is not None
     # A live feed's video is written on the capture clock (real time: drops and outages stay gaps); a file's
     # at its constant rate.
-    fps = None if live else given.info.fps
-    video: dict[str, object] = {"clock": "capture"} if live else {}
-    if settings.codec_threads:
-        video["options"] = {"threads": str(settings.codec_threads)}
     sinks = (
-        build_file_sinks(out_dir, settings.save, fps=fps, source_name=Path(settings.source).name, **video)
+        build_file_sinks(
+            out_dir,
+            settings.save,
+            fps=None if live else given.info.fps,
+            source_name=Path(settings.source).name,
+            clock="capture" if live else "source",
+            options={"threads": str(settings.codec_threads)} if settings.codec_threads else None,
+        )
         if out_dir is not None
         else []
     )
@@ -231,7 +235,10 @@ def open_live_for_track(settings: TrackSettings) -> tuple[LiveSource, VideoInfo,
         max_s=settings.reconnect_max_delay,
         max_attempts=settings.reconnect_attempts,
     )
-    options = dict(
+    assert settings.source is not None
+    connect = functools.partial(
+        open_live,
+        settings.source,
         transport=settings.rtsp_transport,
         open_timeout=settings.open_timeout,
         read_timeout=settings.read_timeout,
@@ -242,10 +249,9 @@ def open_live_for_track(settings: TrackSettings) -> tuple[LiveSource, VideoInfo,
     )
     # Probe with a connection of its own and close it: the pipeline's source connects when the pipeline starts,
     # so frames buffered while the tracker loads do not arrive as a stale burst.
-    assert settings.source is not None
-    with open_live(settings.source, **options) as probe:
+    with connect() as probe:
         info = VideoInfo(probe.width, probe.height, probe.fps or 25.0, None, "live", 0)
-    return open_live(settings.source, **options), info, timed
+    return connect(), info, timed
 
 
 #: Signals that stop a run cleanly (outputs finalised): Ctrl-C, ``kill``, and the terminal going away.

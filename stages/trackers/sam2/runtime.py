@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -103,18 +103,46 @@ class TransferStats:
         }
 
 
+class MemoryPlan(TypedDict):
+    """Device memory a number of sessions will allocate, against the free memory now (:meth:`Runtime.check_memory`)."""
+
+    objects: int
+    sessions: int
+    bank_bytes: int
+    pointer_bytes: int
+    per_object_bytes: int
+    session_scratch_bytes: int
+    reserve_bytes: int
+    need_bytes: int
+    free_bytes: int
+    total_bytes: int
+    max_objects: int
+    fits: bool
+
+
 class Runtime(ABC):
-    """One device, one driving thread; not thread-safe.  Every method raises ``BackendError`` naming the call."""
+    """One device, one driving thread; not thread-safe.  Every method raises ``BackendError`` naming the call.
+
+    Optional capabilities are members with a default here (``max_points``, ``dynamic_shapes``,
+    :meth:`check_memory`), so a caller reads them directly and a backend overrides what it has."""
 
     name: str = "runtime"
-    #: most prompt points (clicks + box corners) one decoder call takes; None = no limit beyond the session's own
-    #: (the Ascend decoder is compiled for a fixed set of point counts)
-    max_points: int | None = None
     #: graphs may be run with shorter views on their shrinkable axes (``GraphSpec.shrinkable``)
     dynamic_shapes: bool = False
 
     def __init__(self) -> None:
         self.stats = TransferStats()
+
+    @property
+    def max_points(self) -> int | None:
+        """Most prompt points (clicks + box corners) one decoder call takes; None = no limit beyond the session's
+        own (the Ascend decoder is compiled for a fixed set of point counts)."""
+        return None
+
+    def check_memory(self, manifest: Manifest, objects: int) -> MemoryPlan | None:
+        """Plan device memory for one session of ``objects`` objects and raise ``ConfigError`` when it does
+        not fit; ``None`` when this runtime does not plan (the default: host memory, or a device that pages)."""
+        return None
 
     @abstractmethod
     def load(self, manifest: Manifest, model_dir: Path) -> None:
@@ -176,4 +204,4 @@ class Runtime(ABC):
         self.stats.run_s[graph] = self.stats.run_s.get(graph, 0.0) + (time.perf_counter() - t0)
 
 
-__all__ = ["DTYPES", "DeviceBuffer", "Runtime", "TransferStats"]
+__all__ = ["DTYPES", "DeviceBuffer", "MemoryPlan", "Runtime", "TransferStats"]

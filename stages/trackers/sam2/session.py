@@ -176,7 +176,7 @@ class Sam2Session(TrackerSession):
                 f"object {oid}: this session already tracks {len(known)} objects, the most the "
                 f"{self.rt.name} backend was set up for (max_objects={self.max_objects})"
             )
-        limit = min(MAX_POINTS - 1, int(getattr(self.rt, "max_points", None) or MAX_POINTS - 1))
+        limit = min(MAX_POINTS - 1, self.rt.max_points or MAX_POINTS - 1)
         if len(prompt.points) + (2 if prompt.box is not None else 0) > limit:
             raise PromptError(
                 f"object {oid}: at most {limit} points (a box counts as two) per object per frame "

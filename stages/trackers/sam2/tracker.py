@@ -108,9 +108,9 @@ class Sam2Tracker(Tracker):
 
     def new_session(self) -> TrackerSession:
         with self._lock:
-            check = getattr(self.runtime, "check_memory", None)
-            if check is not None and self.max_objects is not None:
-                check(self.manifest, self.max_objects)  # free memory is measured now: open sessions count
+            if self.max_objects is not None:
+                # free memory is measured now: open sessions count
+                self.runtime.check_memory(self.manifest, self.max_objects)
             inner = Sam2Session(self.runtime, self.manifest, max_objects=self.max_objects)
         return _LockedSession(inner, self._lock)
 

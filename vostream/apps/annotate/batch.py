@@ -19,11 +19,12 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from vostream.apps.annotate.inputs import VideoEntry
 from vostream.apps.annotate.job import JobResult, TrackOptions, VideoJob
@@ -31,6 +32,10 @@ from vostream.pipeline.errors import BackendError, ConfigError
 from vostream.sinks.atomic import remove_temp_files
 from vostream.sinks.outdir import LOCK_NAME as LOCK_NAME
 from vostream.sinks.outdir import lock_output_dir
+
+if TYPE_CHECKING:
+    from vostream.apps.annotate.local_executor import Executor
+    from vostream.apps.annotate.progress import BatchProgress
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +57,7 @@ class AnnotateOptions:
     formats: tuple[str, ...] = ("video", "json", "mot")
     backend: str = "classic"
     model: str | None = None
-    tracker: dict[str, Any] = field(default_factory=dict)
+    tracker: dict[str, object] = field(default_factory=dict)
     workers: int = 1
     ray: bool = False
     ray_address: str | None = None
@@ -235,7 +240,7 @@ class _StopState:
     def __init__(self) -> None:
         self.level = 0
 
-    def signal(self, signum: int, _frame: Any = None) -> None:
+    def signal(self, signum: int, _frame: FrameType | None = None) -> None:
         self.level += 1
         name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
         if self.level == 1:
@@ -264,7 +269,7 @@ def _signals(state: _StopState) -> Iterator[None]:
 # -- running -----------------------------------------------------------------------------------------------------
 
 
-def _make_executor(o: AnnotateOptions, track: TrackOptions) -> Any:
+def _make_executor(o: AnnotateOptions, track: TrackOptions) -> Executor:
     from vostream.apps.annotate.local_executor import InlineExecutor, LocalExecutor
 
     if o.ray:
@@ -329,14 +334,16 @@ def run_annotate(o: AnnotateOptions) -> BatchReport:
 
 def _dispatch(
     o: AnnotateOptions,
-    executor: Any,
+    executor: Executor,
     todo: deque[VideoJob],
     rows: dict[str, VideoStatus],
     state: _StopState,
-    progress: Any,
+    progress: BatchProgress,
 ) -> None:
+    from vostream.apps.annotate.local_executor import InlineExecutor
+
     running: dict[int, VideoJob] = {}
-    if hasattr(executor, "cancel_check"):  # in-process: the video itself checks for a second signal
+    if isinstance(executor, InlineExecutor):  # in-process: the video itself checks for a second signal
         executor.cancel_check = lambda: state.level >= 2
     while todo or running:
         if state.level >= 2:
@@ -375,7 +382,7 @@ def _record(
     rows: dict[str, VideoStatus],
     todo: deque[VideoJob],
     state: _StopState,
-    progress: Any,
+    progress: BatchProgress,
 ) -> None:
     row = rows[job.key]
     if r.status == "done":
@@ -410,7 +417,7 @@ def _clean_top_level(out: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def write_batch_summary(out: Path, report: BatchReport, o: AnnotateOptions) -> dict[str, Any]:
+def write_batch_summary(out: Path, report: BatchReport, o: AnnotateOptions) -> dict[str, object]:
     """``DIR/summary.json``: per video status, frames, objects, time, fps, attempts, error; totals; options."""
     from vostream.sinks.atomic import atomic_write_text
 
@@ -444,14 +451,14 @@ def write_batch_summary(out: Path, report: BatchReport, o: AnnotateOptions) -> d
     return doc
 
 
-def merge_dataset(out: Path, done: list[VideoStatus]) -> dict[str, Any] | None:
+def merge_dataset(out: Path, done: list[VideoStatus]) -> dict[str, object] | None:
     """``DIR/dataset.json``: the per-video YouTube-VIS files of the done videos, ordered by folder, merged with
     renumbered ids (``docs/annotate.md``).  Deterministic: the same done videos give the same bytes."""
     from vostream.sinks.atomic import atomic_write_text
 
-    videos: list[dict[str, Any]] = []
-    annotations: list[dict[str, Any]] = []
-    categories: list[dict[str, Any]] = []
+    videos: list[dict[str, object]] = []
+    annotations: list[dict[str, object]] = []
+    categories: list[dict[str, object]] = []
     for row in sorted(done, key=lambda r: r.folder):
         path = out / row.folder / "annotations.json"
         try:
@@ -467,7 +474,7 @@ def merge_dataset(out: Path, done: list[VideoStatus]) -> dict[str, Any] | None:
                 categories.append(c)
         for a in doc.get("annotations", []):
             annotations.append({**a, "id": len(annotations) + 1, "video_id": vid, "obj_id": a.get("id")})
-    dataset = {
+    dataset: dict[str, object] = {
         "info": {"description": "vostream batch annotation", "format": "youtube-vis", "version": 1},
         "videos": videos,
         "categories": categories,
@@ -480,7 +487,10 @@ def merge_dataset(out: Path, done: list[VideoStatus]) -> dict[str, Any] | None:
 # -- command line ------------------------------------------------------------------------------------------------
 
 
-def add_annotate_parser(sub: Any, add_common: Any) -> argparse.ArgumentParser:
+def add_annotate_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    add_common: Callable[[argparse.ArgumentParser], None],
+) -> argparse.ArgumentParser:
     """Add ``annotate`` to the ``vostream`` subcommands (``add_common`` adds --quiet/--verbose/--debug)."""
     a = sub.add_parser(
         "annotate",

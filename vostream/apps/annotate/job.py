@@ -13,11 +13,13 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TypedDict
 
+from vostream.apps.annotate.manifest import VideoStats
 from vostream.apps.track import run_warnings
 from vostream.pipeline.errors import VostreamError, describe
+from vostream.pipeline.types import Control
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +37,7 @@ class TrackOptions:
     formats: tuple[str, ...] = ("video", "json", "mot")
     backend: str = "classic"
     model: str | None = None
-    tracker: dict[str, Any] = field(default_factory=dict)
+    tracker: dict[str, object] = field(default_factory=dict)
     fill_holes: bool = False
     min_area: int = 0
     max_frames: int | None = None
@@ -49,7 +51,7 @@ class TrackOptions:
         n = str(self.opencv_threads or 1)
         return {name: n for name in THREAD_ENV_VARS}
 
-    def output_settings(self) -> dict[str, Any]:
+    def output_settings(self) -> dict[str, object]:
         """What determines the outputs (part of each video's fingerprint)."""
         return {
             "formats": sorted(self.formats),
@@ -69,10 +71,24 @@ class VideoJob:
     key: str
     source: str
     out_dir: str
-    prompts: list[Any]
+    prompts: list[Control]
     fingerprint: str
     frames_expected: int | None = None
     attempt: int = 1
+
+
+class JobResultRecord(TypedDict):
+    """A :class:`JobResult` as plain data, as it crosses a process or a Ray actor."""
+
+    key: str
+    status: str
+    frames: int
+    objects: int
+    wall_s: float
+    fps: float
+    error: str | None
+    warnings: list[str]
+    worker: str
 
 
 @dataclass
@@ -89,11 +105,21 @@ class JobResult:
     warnings: list[str] = field(default_factory=list)
     worker: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> JobResultRecord:
+        return JobResultRecord(
+            key=self.key,
+            status=self.status,
+            frames=self.frames,
+            objects=self.objects,
+            wall_s=self.wall_s,
+            fps=self.fps,
+            error=self.error,
+            warnings=list(self.warnings),
+            worker=self.worker,
+        )
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> JobResult:
+    def from_dict(cls, data: JobResultRecord) -> JobResult:
         return cls(**data)
 
 
@@ -171,11 +197,13 @@ class JobRunner:
                 run_warnings(report.metrics.as_dict()),
                 self.worker,
             )
-            stats = {
-                k: v
-                for k, v in result.to_dict().items()
-                if k in ("frames", "objects", "wall_s", "fps", "warnings")
-            }
+            stats = VideoStats(
+                frames=result.frames,
+                objects=result.objects,
+                wall_s=result.wall_s,
+                fps=result.fps,
+                warnings=list(result.warnings),
+            )
             write_manifest(job.out_dir, job.key, job.fingerprint, stats)
             return result
         except Exception as exc:  # noqa: BLE001 - one video's failure is reported, never raised
@@ -194,4 +222,12 @@ class JobRunner:
             )
 
 
-__all__ = ["THREAD_ENV_VARS", "JobResult", "JobRunner", "ProgressFn", "TrackOptions", "VideoJob"]
+__all__ = [
+    "THREAD_ENV_VARS",
+    "JobResult",
+    "JobResultRecord",
+    "JobRunner",
+    "ProgressFn",
+    "TrackOptions",
+    "VideoJob",
+]

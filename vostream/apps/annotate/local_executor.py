@@ -20,12 +20,14 @@ import os
 import queue
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import Queue
+from typing import Protocol
 
-from vostream.apps.annotate.job import JobResult, JobRunner, TrackOptions, VideoJob
+from vostream.apps.annotate.job import JobResult, JobResultRecord, JobRunner, TrackOptions, VideoJob
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,32 @@ class Event:
     error: str | None = None
 
 
+#: what a worker process sends back: (kind, slot, generation, video key, frames, result, error)
+_Message = tuple[str, int, int, "str | None", int, "JobResultRecord | None", "str | None"]
+
+
+class Executor(Protocol):
+    """What the batch drives (``batch._dispatch``): worker processes, Ray actors, or the calling thread."""
+
+    def start(self) -> None: ...
+
+    def idle(self) -> list[int]:
+        """Slots ready for a video."""
+        ...
+
+    def submit(self, slot: int, job: VideoJob) -> None: ...
+
+    def poll(self, timeout: float) -> list[Event]:
+        """What happened within about ``timeout`` seconds."""
+        ...
+
+    def abandon(self) -> None:
+        """Stop the running videos now (a second signal)."""
+        ...
+
+    def close(self) -> None: ...
+
+
 def _die_with_parent() -> None:
     try:
         import ctypes
@@ -53,7 +81,13 @@ def _die_with_parent() -> None:
 
 
 def _worker_main(
-    slot: int, gen: int, options: TrackOptions, tasks: Any, events: Any, parent_pid: int, log_level: int
+    slot: int,
+    gen: int,
+    options: TrackOptions,
+    tasks: Queue[VideoJob | None],
+    events: Queue[_Message],
+    parent_pid: int,
+    log_level: int,
 ) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -73,7 +107,14 @@ def _worker_main(
         runner.close()
 
 
-def _worker_loop(runner: JobRunner, slot: int, gen: int, tasks: Any, events: Any, parent_pid: int) -> None:
+def _worker_loop(
+    runner: JobRunner,
+    slot: int,
+    gen: int,
+    tasks: Queue[VideoJob | None],
+    events: Queue[_Message],
+    parent_pid: int,
+) -> None:
     while True:
         try:
             job = tasks.get(timeout=1.0)
@@ -116,8 +157,8 @@ def _environment(extra: dict[str, str]) -> Iterator[None]:
 class _Worker:
     slot: int
     gen: int
-    proc: Any
-    tasks: Any
+    proc: BaseProcess
+    tasks: Queue[VideoJob | None]
     ready: bool = False
     job: VideoJob | None = None
     started: float = field(default_factory=time.monotonic)
@@ -131,7 +172,7 @@ class LocalExecutor:
         self.slots = slots
         self.log_level = log_level
         self._ctx = mp.get_context("spawn")
-        self._events: Any = self._ctx.Queue()
+        self._events: Queue[_Message] = self._ctx.Queue()
         self._workers: dict[int, _Worker] = {}
         self._gen = 0
         self._closed = False
@@ -177,7 +218,7 @@ class LocalExecutor:
         out += self._check_dead()
         return out
 
-    def _accept(self, raw: tuple[Any, ...]) -> Event | None:
+    def _accept(self, raw: _Message) -> Event | None:
         kind, slot, gen, key, frames, result, error = raw
         w = self._workers.get(slot)
         if w is None or w.gen != gen:
@@ -185,7 +226,7 @@ class LocalExecutor:
         if kind == "ready":
             w.ready = True
         res = None
-        if kind == "result":
+        if kind == "result" and result is not None:
             res = JobResult.from_dict(result)
             w.job = None
         return Event(kind, slot, key, frames, res, error)
@@ -269,7 +310,7 @@ class InlineExecutor:
         self._job: VideoJob | None = None
         self.cancel_requested = False
         #: polled between frames: True cancels the running video (the batch sets it to its second-signal check)
-        self.cancel_check: Any = lambda: False
+        self.cancel_check: Callable[[], bool] = lambda: False
 
     def start(self) -> None:
         self._runner = JobRunner(self.options, worker="inline")
@@ -298,4 +339,4 @@ class InlineExecutor:
         self._runner = None
 
 
-__all__ = ["Event", "InlineExecutor", "LocalExecutor"]
+__all__ = ["Event", "Executor", "InlineExecutor", "LocalExecutor"]

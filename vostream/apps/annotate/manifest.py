@@ -15,12 +15,12 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 import numpy as np
 
 from vostream.pipeline.errors import OutputError
-from vostream.pipeline.types import Prompt
+from vostream.pipeline.types import Control, Prompt
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,27 @@ OUTPUT_DIRS = ("masks",)
 _CHUNK = 1 << 20
 
 
-def _canonical_prompt(msg: Any) -> dict[str, Any]:
+class VideoStats(TypedDict, total=False):
+    """What a finished video's run did, kept in its manifest (a manifest read back may lack keys)."""
+
+    frames: int
+    objects: int
+    wall_s: float
+    fps: float
+    warnings: list[str]
+
+
+class Manifest(TypedDict):
+    """``manifest.json``: the video, the fingerprint of what determines its outputs, each output's SHA-256."""
+
+    version: int
+    video: str
+    fingerprint: str
+    files: dict[str, str]
+    stats: VideoStats
+
+
+def _canonical_prompt(msg: Control) -> dict[str, object]:
     if isinstance(msg, Prompt):
         mask = None
         if msg.mask is not None:
@@ -48,12 +68,12 @@ def _canonical_prompt(msg: Any) -> dict[str, Any]:
         }
     return {
         "control": type(msg).__name__,
-        "obj": getattr(msg, "obj_id", None),
-        "frame": int(getattr(msg, "frame_index", 0)),
+        "obj": getattr(msg, "obj_id", None),  # ResetTracker has none
+        "frame": int(msg.frame_index),
     }
 
 
-def fingerprint(key: str, source: str, prompts: Sequence[Any], settings: dict[str, Any]) -> str:
+def fingerprint(key: str, source: str, prompts: Sequence[Control], settings: dict[str, object]) -> str:
     """SHA-256 over the video key, the source's size, the prompts and the output-determining ``settings``."""
     try:
         size = os.path.getsize(source)
@@ -89,9 +109,7 @@ def output_files(video_dir: str | os.PathLike[str]) -> list[str]:
     return sorted(out)
 
 
-def write_manifest(
-    video_dir: str | os.PathLike[str], key: str, fp: str, stats: dict[str, Any]
-) -> dict[str, Any]:
+def write_manifest(video_dir: str | os.PathLike[str], key: str, fp: str, stats: VideoStats) -> Manifest:
     """Checksum every output in ``video_dir`` and write ``manifest.json`` atomically (last).  Raises
     :class:`OutputError` when nothing was written or the manifest cannot be written."""
     from vostream.sinks.atomic import atomic_write_text
@@ -100,7 +118,7 @@ def write_manifest(
     files = output_files(d)
     if not files:
         raise OutputError(f"{d}: the run wrote no output files; nothing to record")
-    manifest = {
+    manifest: Manifest = {
         "version": MANIFEST_VERSION,
         "video": key,
         "fingerprint": fp,
@@ -111,15 +129,17 @@ def write_manifest(
     return manifest
 
 
-def read_manifest(video_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+def read_manifest(video_dir: str | os.PathLike[str]) -> Manifest | None:
+    """``manifest.json`` of ``video_dir`` when it parses as a JSON object (its keys are checked by
+    :func:`verify_manifest`), else None."""
     try:
         data = json.loads((Path(video_dir) / MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    return cast(Manifest, data) if isinstance(data, dict) else None  # its keys: verify_manifest
 
 
-def verify_manifest(video_dir: str | os.PathLike[str], fp: str) -> dict[str, Any] | None:
+def verify_manifest(video_dir: str | os.PathLike[str], fp: str) -> Manifest | None:
     """The manifest when the video is done: it parses, ``fingerprint == fp``, every listed file exists with its
     SHA-256, and no unlisted output file is present.  ``None`` otherwise (the reason is logged at INFO)."""
     d = Path(video_dir)
@@ -166,8 +186,10 @@ def clean_outputs(video_dir: str | os.PathLike[str]) -> None:
 
 __all__ = [
     "MANIFEST_NAME",
+    "Manifest",
     "OUTPUT_DIRS",
     "OUTPUT_FILES",
+    "VideoStats",
     "clean_outputs",
     "fingerprint",
     "output_files",

@@ -10,8 +10,12 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # tqdm has no type information (pyproject: ignore_missing_imports)
+    from tqdm import tqdm
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +32,7 @@ class _SlotState:
     key: str | None = None
     frames: int = 0
     expected: int | None = None
-    bar: Any = None
+    bar: tqdm | None = None
 
 
 @dataclass
@@ -45,7 +49,7 @@ class BatchProgress:
     failed_videos: int = 0
     done_frames: int = 0
     _slots: dict[int, _SlotState] = field(default_factory=dict)
-    _bar: Any = None
+    _bar: tqdm | None = None
     _start: float = field(default_factory=time.monotonic)
     _last_log: float = field(default_factory=time.monotonic)
 
@@ -180,7 +184,7 @@ class BatchProgress:
         else:
             logger.log(level, "%s", text)
 
-    def _guard(self, fn: Any) -> None:
+    def _guard(self, fn: Callable[[], object]) -> None:
         try:
             fn()
         except OSError:  # the terminal went away: go quiet, keep working

@@ -14,16 +14,27 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
 
-from vostream.apps.annotate.job import JobResult, JobRunner, TrackOptions, VideoJob
+from vostream.apps.annotate.job import JobResult, JobResultRecord, JobRunner, TrackOptions, VideoJob
 from vostream.apps.annotate.local_executor import Event
 from vostream.pipeline.errors import BackendError, ConfigError
+
+if TYPE_CHECKING:  # Ray is optional and untyped here (pyproject: follow_imports = "skip")
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
 
 logger = logging.getLogger(__name__)
 
 
-def import_ray() -> Any:
+class _ActorFactory(Protocol):
+    """``ray.remote(AnnotateActor).options(...)``: what :class:`RayExecutor` calls to start an actor."""
+
+    def remote(self, options: TrackOptions, name: str) -> ActorHandle: ...
+
+
+def import_ray() -> ModuleType:
     try:
         import ray
     except ImportError as exc:
@@ -33,10 +44,10 @@ def import_ray() -> Any:
     return ray
 
 
-def start_local_ray(num_cpus: int, num_gpus: float | None = None) -> Any:
+def start_local_ray(num_cpus: int, num_gpus: float | None = None) -> ModuleType:
     """Start a local Ray bound to 127.0.0.1 (no dashboard, small object store); returns the ``ray`` module."""
     ray = import_ray()
-    kwargs: dict[str, Any] = dict(
+    kwargs: dict[str, object] = dict(
         num_cpus=max(1, num_cpus),
         include_dashboard=False,
         log_to_driver=False,
@@ -68,7 +79,7 @@ class AnnotateActor:
     def ready(self) -> str:
         return self.runner.worker
 
-    def run(self, job: VideoJob) -> dict[str, Any]:
+    def run(self, job: VideoJob) -> JobResultRecord:
         self._key, self._frames, self._cancel = job.key, 0, False
         try:
             return self.runner.run(job, self._progress).to_dict()
@@ -88,12 +99,12 @@ class AnnotateActor:
 
 @dataclass
 class _Slot:
-    actor: Any
-    ready_ref: Any
+    actor: ActorHandle
+    ready_ref: ObjectRef
     ready: bool = False
     job: VideoJob | None = None
-    run_ref: Any = None
-    progress_ref: Any = None
+    run_ref: ObjectRef | None = None
+    progress_ref: ObjectRef | None = None
 
 
 class RayExecutor:
@@ -113,9 +124,9 @@ class RayExecutor:
         self.address = address
         self.num_gpus = num_gpus
         self.resources = dict(resources or {})
-        self._ray: Any = None
+        self._ray: ModuleType | None = None
         self._own_ray = False
-        self._cls: Any = None
+        self._cls: _ActorFactory | None = None
         self._slots: dict[int, _Slot] = {}
         self._closed = False
 
@@ -135,7 +146,7 @@ class RayExecutor:
                     ) from exc
             self._own_ray = True
         self._ray = ray
-        actor_options: dict[str, Any] = dict(
+        actor_options: dict[str, object] = dict(
             num_cpus=1, num_gpus=self.num_gpus, max_concurrency=2, max_restarts=0, max_task_retries=0
         )
         if self.resources:
@@ -148,7 +159,15 @@ class RayExecutor:
         for slot in range(self.slots):
             self._new_actor(slot)
 
+    @property
+    def ray(self) -> ModuleType:
+        """The ``ray`` module once :meth:`start` ran."""
+        if self._ray is None:
+            raise BackendError("the Ray executor is not started: call start() first")
+        return self._ray
+
     def _new_actor(self, slot: int) -> None:
+        assert self._cls is not None, "start() first"
         actor = self._cls.remote(self.options, f"ray actor {slot}")
         self._slots[slot] = _Slot(actor, actor.ready.remote())
 
@@ -161,12 +180,12 @@ class RayExecutor:
         s.run_ref = s.actor.run.remote(job)
 
     def poll(self, timeout: float) -> list[Event]:
-        ray = self._ray
+        ray = self.ray
         out: list[Event] = []
         for s in self._slots.values():
             if s.job is not None and s.progress_ref is None:
                 s.progress_ref = s.actor.progress.remote()
-        refs = {}
+        refs: dict[ObjectRef, tuple[int, str]] = {}
         for i, s in self._slots.items():
             for kind, ref in (
                 ("ready", s.ready_ref if not s.ready else None),
@@ -228,7 +247,7 @@ class RayExecutor:
             )
         logger.warning("Ray actor %d failed (%s); starting a new one", slot, text)
         try:
-            self._ray.kill(s.actor)
+            self.ray.kill(s.actor)
         except Exception:  # noqa: BLE001 - already gone
             pass
         self._new_actor(slot)
@@ -238,7 +257,7 @@ class RayExecutor:
         for s in self._slots.values():
             if s.job is not None:
                 try:
-                    self._ray.kill(s.actor)
+                    self.ray.kill(s.actor)
                 except Exception:  # noqa: BLE001
                     pass
                 s.job = None

@@ -35,7 +35,7 @@ from vostream.apps.serve.protocol import PromptMsg, ProtocolError, check_prompt_
 from vostream.pipeline.engine import ControlReceipt, Pipeline
 from vostream.pipeline.errors import ConfigError, VostreamError
 from vostream.pipeline.stage import SinkSpec, Source
-from vostream.pipeline.types import Control, Frame, Prompt, RemoveObject, ResetTracker, TrackResult
+from vostream.pipeline.types import Control, Frame, Prompt, RemoveObject, ResetTracker, Rle, TrackResult
 from vostream.sinks import build_file_sinks
 from vostream.sinks.png import PngSinkSpec
 from vostream.sinks.vis_json import VisJsonSinkSpec
@@ -368,12 +368,12 @@ class Session:
         is_dir = os.path.isdir(path)
 
         def factory(start: int) -> Source[Frame]:
-            opts: dict[str, object] = {"source_id": self.display}
-            if not self.live:
-                opts["start"] = start
-            if is_dir:
-                opts["fps"] = self.options.fps
-            src = open_source(path, **opts)
+            src = open_source(
+                path,
+                source_id=self.display,
+                start=0 if self.live else start,
+                fps=self.options.fps if is_dir else None,
+            )
             src.open()
             return src
 
@@ -661,7 +661,7 @@ class Session:
             for index, rec in items:
                 ids = [r[0] for r in rec.rows]
                 masks = np.zeros((len(ids), rec.height, rec.width), bool)
-                rles = []
+                rles: list[Rle] = []
                 for i, r in enumerate(rec.rows):
                     if r[4] is not None:
                         masks[i] = decode_rle_counts(r[4], rec.height, rec.width)

@@ -38,13 +38,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from vostream.pipeline.errors import BackendError, ConfigError
 from vostream.stages.trackers.sam2.backends.binding import Allocation, BindingRuntime, fmt_shape
-from vostream.stages.trackers.sam2.runtime import DTYPES, DeviceBuffer
+from vostream.stages.trackers.sam2.runtime import DTYPES, DeviceBuffer, MemoryPlan
 from vostream.stages.trackers.sam2.session import MAX_POINTS
 
 if TYPE_CHECKING:
@@ -186,7 +187,11 @@ def atc_dynamic_options(spec: GraphSpec, gears: Sequence[int] = DECODER_GEARS) -
     return {"input_shape": shape, "dynamic_dims": dims}
 
 
-def _import_acl() -> Any:
+#: what a pyACL call returns beside its status code (a handle, a size, ...)
+V = TypeVar("V")
+
+
+def _import_acl() -> ModuleType:
     """The real pyACL (``import acl``), or a :class:`BackendError` saying where it comes from."""
     try:
         import acl  # type: ignore[import-not-found]
@@ -257,7 +262,9 @@ class AclRuntime(BindingRuntime[Allocation]):
 
     name = "AclRuntime"
 
-    def __init__(self, device_id: int = 0, om_dir: str | Path | None = None, acl: Any = None) -> None:
+    def __init__(
+        self, device_id: int = 0, om_dir: str | Path | None = None, acl: ModuleType | None = None
+    ) -> None:
         super().__init__()
         self.device_id = int(device_id)
         self.om_dir = Path(om_dir) if om_dir is not None else None
@@ -300,7 +307,7 @@ class AclRuntime(BindingRuntime[Allocation]):
         if ret != ACL_SUCCESS:
             raise self._error(where, call, ret, detail)
 
-    def _pair(self, result: tuple[Any, int], where: str, call: str, detail: str = "") -> Any:
+    def _pair(self, result: tuple[V, int], where: str, call: str, detail: str = "") -> V:
         value, ret = result
         self._check(ret, where, call, detail)
         return value
@@ -651,7 +658,7 @@ class AclRuntime(BindingRuntime[Allocation]):
         )
 
     @property
-    def max_points(self) -> int | None:  # type: ignore[override]
+    def max_points(self) -> int | None:
         """The largest compiled K of the decoder (the session rejects prompts with more points up front)."""
         ks = [v["K"] for v in self.gears.get("decoder", []) if "K" in v]
         return max(ks) if ks else None
@@ -734,7 +741,7 @@ class AclRuntime(BindingRuntime[Allocation]):
     # -- memory plan -------------------------------------------------------------------------------------------------
     def plan(
         self, manifest: Manifest, objects: int, sessions: int = 1, reserve_bytes: int = RESERVE_BYTES
-    ) -> dict[str, Any]:
+    ) -> MemoryPlan:
         """Device memory ``sessions`` sessions of ``objects`` objects each will allocate, against free HBM now.
 
         Per object: the bank ``[C+N, T, M]`` and the pointer ring ``[Q, D]``; per session: every scratch tensor the
@@ -784,7 +791,7 @@ class AclRuntime(BindingRuntime[Allocation]):
 
     def check_memory(
         self, manifest: Manifest, objects: int, sessions: int = 1, reserve_bytes: int = RESERVE_BYTES
-    ) -> dict[str, Any]:
+    ) -> MemoryPlan:
         """:meth:`plan`, raising :class:`ConfigError` with the numbers when it does not fit the free HBM."""
         p = self.plan(manifest, objects, sessions, reserve_bytes)
         if not p["fits"]:

@@ -27,7 +27,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,6 +37,9 @@ from vostream.stages.trackers.sam2.backends.binding import Allocation, BindingRu
 from vostream.stages.trackers.sam2.runtime import DTYPES, DeviceBuffer
 
 if TYPE_CHECKING:
+    # onnxruntime is optional and untyped here (pyproject: follow_imports = "skip"): these names document
+    from onnxruntime import InferenceSession, IOBinding, OrtValue, SessionOptions
+
     from vostream.stages.trackers.sam2.manifest import GraphSpec, Manifest, TensorSpec
 
 CPU_EP = "CPUExecutionProvider"
@@ -73,7 +77,7 @@ _ORT_TYPES: dict[str, str] = {
 _ALIGN = 64
 
 
-def _import_ort() -> Any:
+def _import_ort() -> ModuleType:
     try:
         import onnxruntime
     except ImportError as exc:
@@ -89,7 +93,7 @@ class _Alloc(Allocation):
     """One allocation: ``nbytes`` at address ``ptr``; ``host`` (CPU) or ``dev`` (a CUDA ``OrtValue``) owns it."""
 
     host: np.ndarray | None = None
-    dev: Any = None
+    dev: OrtValue | None = None
 
 
 @dataclass
@@ -98,8 +102,8 @@ class _Graph:
 
     spec: GraphSpec
     path: Path
-    session: Any
-    binding: Any
+    session: InferenceSession
+    binding: IOBinding
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
     bound: dict[tuple[str, str], tuple[int, int, tuple[int, ...]]] = field(default_factory=dict)
@@ -117,7 +121,7 @@ class _CudaRT:
 
     H2D, D2H, D2D = 1, 2, 3
 
-    def __init__(self, ort: Any, device_id: int) -> None:
+    def __init__(self, ort: ModuleType, device_id: int) -> None:
         self.device_id = device_id
         lib = self._find(ort)
         for fn in ("cudaMemcpy",):
@@ -128,14 +132,14 @@ class _CudaRT:
         self.lib = lib
 
     @staticmethod
-    def _find(ort: Any) -> Any:
+    def _find(ort: ModuleType) -> ctypes.CDLL:
         names = (
             ("cudart64_12.dll", "cudart64_13.dll", "cudart64_110.dll")
             if sys.platform == "win32"
             else ("libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so")
         )
 
-        def attempt() -> Any:
+        def attempt() -> ctypes.CDLL | None:
             for n in names:
                 try:
                     return ctypes.CDLL(n)
@@ -188,10 +192,10 @@ class OrtRuntime(BindingRuntime[_Alloc]):
 
     def __init__(
         self,
-        providers: Sequence[str | tuple[str, dict[str, Any]]] | str | None = None,
+        providers: Sequence[str | tuple[str, dict[str, object]]] | str | None = None,
         device_id: int = 0,
         threads: int | None = None,
-        session_options: Any = None,
+        session_options: SessionOptions | None = None,
         *,
         trt_fp16: bool = False,
         trt_cache_dir: str | Path | None = None,
@@ -229,10 +233,10 @@ class OrtRuntime(BindingRuntime[_Alloc]):
     # -- construction ------------------------------------------------------------------------------------------------
     def _resolve_providers(
         self,
-        providers: Sequence[str | tuple[str, dict[str, Any]]] | str | None,
+        providers: Sequence[str | tuple[str, dict[str, object]]] | str | None,
         trt_fp16: bool,
         trt_cache_dir: str | Path | None,
-    ) -> list[str | tuple[str, dict[str, Any]]]:
+    ) -> list[str | tuple[str, dict[str, object]]]:
         """Expand short names, add default options, drop duplicates, and refuse providers this ORT build lacks."""
         if providers is None:
             providers = [CPU_EP]
@@ -240,7 +244,7 @@ class OrtRuntime(BindingRuntime[_Alloc]):
             providers = [providers]
         if not providers:
             raise BackendError("OrtRuntime: empty provider list")
-        expanded: list[str | tuple[str, dict[str, Any]]] = []
+        expanded: list[str | tuple[str, dict[str, object]]] = []
         for p in providers:
             if isinstance(p, str):
                 expanded.extend(SHORT_PROVIDERS.get(p.lower(), (p,)))
@@ -251,7 +255,7 @@ class OrtRuntime(BindingRuntime[_Alloc]):
                     f"OrtRuntime: provider entry {p!r} is neither a name nor a (name, options) pair"
                 )
         available = list(self._ort.get_available_providers())
-        out: list[str | tuple[str, dict[str, Any]]] = []
+        out: list[str | tuple[str, dict[str, object]]] = []
         seen: set[str] = set()
         for p in expanded:
             pname = p if isinstance(p, str) else p[0]
@@ -273,7 +277,7 @@ class OrtRuntime(BindingRuntime[_Alloc]):
                 if pname == CUDA_EP:
                     p = (pname, {"device_id": self.device_id})
                 elif pname == TRT_EP:
-                    opts: dict[str, Any] = {"device_id": self.device_id, "trt_fp16_enable": bool(trt_fp16)}
+                    opts: dict[str, object] = {"device_id": self.device_id, "trt_fp16_enable": bool(trt_fp16)}
                     if trt_cache_dir is not None:
                         Path(trt_cache_dir).mkdir(parents=True, exist_ok=True)
                         opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(trt_cache_dir))
@@ -325,7 +329,7 @@ class OrtRuntime(BindingRuntime[_Alloc]):
         self._graphs = loaded
 
     @staticmethod
-    def _check_io(gname: str, spec: GraphSpec, path: Path, sess: Any) -> None:
+    def _check_io(gname: str, spec: GraphSpec, path: Path, sess: InferenceSession) -> None:
         """Raise ``BackendError`` naming graph, tensor and both values where the model and the manifest disagree."""
         for kind, want, got in (
             ("input", spec.inputs, sess.get_inputs()),
@@ -429,6 +433,7 @@ class OrtRuntime(BindingRuntime[_Alloc]):
         if a.host is not None:
             np.copyto(self._host_window(a, dst), src.reshape(dst.shape))
         elif dst.nbytes:
+            assert a.dev is not None  # no host array: a device allocation
             flat = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
             try:
                 if dst.offset == 0 and dst.nbytes == a.nbytes:
@@ -450,6 +455,7 @@ class OrtRuntime(BindingRuntime[_Alloc]):
         if a.host is not None:
             np.copyto(out, self._host_window(a, src))
         elif src.nbytes:
+            assert a.dev is not None  # no host array: a device allocation
             try:
                 if src.offset == 0 and src.nbytes == a.nbytes:
                     np.copyto(out, a.dev.numpy().view(dt).reshape(src.shape))
