@@ -82,6 +82,32 @@ class RunReport:
             "metrics": self.metrics.as_dict(),
         }
 
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        wall: float,
+        frames: int,
+        reason: str,
+        cancelled: bool,
+        metrics: MetricsSnapshot,
+        error: tuple[_Node, BaseException] | None,
+    ) -> RunReport:
+        """The report of a run that took ``wall`` seconds and ended for ``reason`` (:func:`_end_reason`)."""
+        return cls(
+            name=name,
+            frames=frames,
+            wall_s=wall,
+            fps=frames / wall if wall > 0 else 0.0,
+            interrupted=reason in ("stop", "cancel", "signal"),
+            cancelled=cancelled,
+            reason=reason,
+            metrics=metrics,
+            error=None
+            if error is None
+            else f"{error[0].kind} '{error[0].name}': {type(error[1]).__name__}: {error[1]}",
+        )
+
     def summary(self) -> str:
         head = f"{self.name}: {self.frames} frames in {self.wall_s:.2f}s ({self.fps:.1f} fps), {self.reason}"
         return head + "\n" + self.metrics.summary()
@@ -173,6 +199,149 @@ def _frame_index(item: object, ordinal: int) -> int:
     return ordinal
 
 
+def _check_parts(
+    name: str,
+    source: object,
+    stages: Sequence[object],
+    sinks: Sequence[object],
+    queue_size: object,
+    max_queue_bytes: object,
+) -> None:
+    """A :class:`ConfigError` naming the pipeline for a part that is not a Source/Stage/SinkSpec or a bad bound."""
+    if not isinstance(source, Source):
+        raise ConfigError(f"pipeline '{name}': source must be a vostream Source, got {type(source).__name__}")
+    for s in stages:
+        if not isinstance(s, Stage):
+            raise ConfigError(
+                f"pipeline '{name}': every stage must be a vostream Stage, got {type(s).__name__}"
+            )
+    for spec in sinks:
+        if not isinstance(spec, SinkSpec):
+            raise ConfigError(
+                f"pipeline '{name}': every sink must be a SinkSpec (an inert description whose "
+                f"build() makes the sink), got {type(spec).__name__}"
+            )
+    if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
+        raise ConfigError(f"pipeline '{name}': queue_size must be an integer >= 1, got {queue_size!r}")
+    if max_queue_bytes is not None and (
+        isinstance(max_queue_bytes, bool) or not isinstance(max_queue_bytes, int) or max_queue_bytes < 1
+    ):
+        raise ConfigError(
+            f"pipeline '{name}': max_queue_bytes must be an integer >= 1 or None, got {max_queue_bytes!r}"
+        )
+
+
+def _build_graph(
+    name: str,
+    source: Source[object],
+    stages: Sequence[Stage[Never, object]],
+    sinks: Sequence[SinkSpec[Never]],
+    policy: str | Mapping[str, str] | None,
+    queue_size: int,
+    max_queue_bytes: int | None,
+) -> list[_Node]:
+    """The nodes in pipeline order (source, stages, sinks), each stage's and sink's input edge a bounded queue with
+    its policy (see :class:`Pipeline`); the byte budget split evenly between the edges."""
+    edges = len(stages) + len(sinks)
+    edge_bytes = None if max_queue_bytes is None or not edges else max(1, max_queue_bytes // edges)
+    default = LATEST if getattr(source, "live", False) else BLOCK
+    per_edge: Mapping[str, str] = {}
+    if isinstance(policy, str):
+        default = policy
+    elif policy is not None:
+        per_edge = dict(policy)
+    names = _unique([source.name] + [s.name for s in stages] + [s.name for s in sinks])
+    src_name, stage_names, sink_names = names[0], names[1 : 1 + len(stages)], names[1 + len(stages) :]
+    for p in [default, *per_edge.values()]:
+        if p not in POLICIES:
+            raise ConfigError(f"pipeline '{name}': unknown edge policy {p!r}; use 'block' or 'latest'")
+    unknown = set(per_edge) - set(stage_names) - set(sink_names)
+    if unknown:
+        raise ConfigError(
+            f"pipeline '{name}': policy names unknown edge(s) {sorted(unknown)}; edges are named "
+            f"after their consumer: {', '.join(stage_names + sink_names) or '(none)'}"
+        )
+    prev = _Node(src_name, "source", 0, source, None, [], NodeMetrics(src_name, "source"))
+    nodes = [prev]
+    for i, (stage, sname) in enumerate(zip(stages, stage_names), start=1):
+        q: BoundedQueue[object] = BoundedQueue(queue_size, per_edge.get(sname, default), sname, edge_bytes)
+        node = _Node(sname, "stage", i, stage, q, [], NodeMetrics(sname, "stage", q))
+        prev.outs.append(q)
+        nodes.append(node)
+        prev = node
+    for spec, kname in zip(sinks, sink_names):  # every sink reads the last stage's output
+        pol = per_edge.get(kname) or spec.policy or default
+        if pol not in POLICIES:
+            raise ConfigError(f"sink '{kname}': unknown policy {pol!r}; use 'block', 'latest' or None")
+        q = BoundedQueue(spec.queue_size, pol, kname, edge_bytes)
+        prev.outs.append(q)
+        nodes.append(_Node(kname, "sink", len(stages) + 1, spec, q, [], NodeMetrics(kname, "sink", q)))
+    return nodes
+
+
+def _refresh_stats(
+    node: _Node, obj: Source[object] | Stage[object, object] | Sink[object], force: bool = False
+) -> None:
+    """Copy ``obj.stats()`` into the node's metrics, at most every :data:`STATS_EVERY_S` unless ``force``."""
+    now = time.monotonic()
+    if not force and now - node.stats_at < STATS_EVERY_S:
+        return
+    node.stats_at = now
+    try:
+        stats = obj.stats()
+    except Exception:  # stats are best effort: never fail a run for them
+        logger.exception("%s '%s': stats() failed", node.kind, node.name)
+        return
+    if stats:
+        node.metrics.set_extra(stats)
+
+
+def _raise(pipeline: str, error: tuple[_Node, BaseException, int | None] | None) -> None:
+    """Raise a run's first error: a :class:`VostreamError` as is (noting where it happened), anything else as a
+    :class:`StageError` naming the node, with the original as ``__cause__``."""
+    if error is None:
+        return
+    node, exc, index = error
+    if isinstance(exc, VostreamError):
+        note = f"(in pipeline '{pipeline}', {node.kind} '{node.name}')"
+        if hasattr(exc, "add_note") and note not in getattr(exc, "__notes__", ()):
+            exc.add_note(note)
+        raise exc
+    raise StageError(node.name, f"{type(exc).__name__}: {exc}", index) from exc
+
+
+def _deliver_controls(node: _Node, stage: Stage[object, object], lock: threading.Lock) -> None:
+    """Hand the node's queued control messages to ``stage.handle_control`` in order, settling each receipt."""
+    if not node.controls:  # per-item fast path without the pipeline lock (a deque's length is atomic)
+        return
+    while True:
+        with lock:
+            if not node.controls:
+                return
+            message, receipt = node.controls.popleft()
+        try:
+            consumed = bool(stage.handle_control(message))
+        except ConfigError as exc:
+            logger.warning("stage '%s' rejected control message %r: %s", node.name, message, exc)
+            receipt._settle(node.name, error=exc)
+            continue
+        except BaseException:
+            receipt._settle(node.name, delivered=False)
+            raise
+        receipt._settle(node.name, consumed=consumed)
+
+
+def _end_reason(failed: bool, cancelled: bool, signalled: bool, natural_end: bool) -> str:
+    """Why a run ended, for :attr:`RunReport.reason`: error, signal, cancel, end (the source ran out) or stop."""
+    if failed:
+        return "error"
+    if cancelled:
+        return "signal" if signalled else "cancel"
+    if natural_end:
+        return "end"
+    return "signal" if signalled else "stop"
+
+
 class Pipeline:
     """Run ``source`` → ``stages`` → fan-out to ``sinks``, each in its own thread, joined by bounded queues.
 
@@ -199,82 +368,20 @@ class Pipeline:
         name: str = "pipeline",
         max_queue_bytes: int | None = DEFAULT_MAX_QUEUE_BYTES,
     ) -> None:
-        if not isinstance(source, Source):
-            raise ConfigError(
-                f"pipeline '{name}': source must be a vostream Source, got {type(source).__name__}"
-            )
-        for s in stages:
-            if not isinstance(s, Stage):
-                raise ConfigError(
-                    f"pipeline '{name}': every stage must be a vostream Stage, got {type(s).__name__}"
-                )
-        for spec in sinks:
-            if not isinstance(spec, SinkSpec):
-                raise ConfigError(
-                    f"pipeline '{name}': every sink must be a SinkSpec (an inert description whose "
-                    f"build() makes the sink), got {type(spec).__name__}"
-                )
-        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
-            raise ConfigError(f"pipeline '{name}': queue_size must be an integer >= 1, got {queue_size!r}")
-        if max_queue_bytes is not None and (
-            isinstance(max_queue_bytes, bool) or not isinstance(max_queue_bytes, int) or max_queue_bytes < 1
-        ):
-            raise ConfigError(
-                f"pipeline '{name}': max_queue_bytes must be an integer >= 1 or None, got {max_queue_bytes!r}"
-            )
-        edges = len(stages) + len(sinks)
-        edge_bytes = None if max_queue_bytes is None or not edges else max(1, max_queue_bytes // edges)
+        _check_parts(name, source, stages, sinks, queue_size, max_queue_bytes)
         self.max_queue_bytes = max_queue_bytes
         self.name = name
         self.source = source
-        default = LATEST if getattr(source, "live", False) else BLOCK
-        per_edge: Mapping[str, str] = {}
-        if isinstance(policy, str):
-            default = policy
-        elif policy is not None:
-            per_edge = dict(policy)
-        names = _unique([source.name] + [s.name for s in stages] + [s.name for s in sinks])
-        src_name, stage_names, sink_names = names[0], names[1 : 1 + len(stages)], names[1 + len(stages) :]
-        for p in [default, *per_edge.values()]:
-            if p not in POLICIES:
-                raise ConfigError(f"pipeline '{name}': unknown edge policy {p!r}; use 'block' or 'latest'")
-        unknown = set(per_edge) - set(stage_names) - set(sink_names)
-        if unknown:
-            raise ConfigError(
-                f"pipeline '{name}': policy names unknown edge(s) {sorted(unknown)}; edges are named "
-                f"after their consumer: {', '.join(stage_names + sink_names) or '(none)'}"
-            )
-
-        self._nodes: list[_Node] = []
-        src = _Node(src_name, "source", 0, source, None, [], NodeMetrics(src_name, "source"))
-        self._nodes.append(src)
-        prev = src
-        self._stages: list[_Node] = []
-        for i, (stage, sname) in enumerate(zip(stages, stage_names), start=1):
-            q: BoundedQueue[object] = BoundedQueue(
-                queue_size, per_edge.get(sname, default), sname, edge_bytes
-            )
-            node = _Node(sname, "stage", i, stage, q, [], NodeMetrics(sname, "stage", q))
-            prev.outs.append(q)
-            self._nodes.append(node)
-            self._stages.append(node)
-            prev = node
-        self._sinks: list[_Node] = []
-        for spec, kname in zip(sinks, sink_names):
-            pol = per_edge.get(kname) or spec.policy or default
-            if pol not in POLICIES:
-                raise ConfigError(f"sink '{kname}': unknown policy {pol!r}; use 'block', 'latest' or None")
-            q = BoundedQueue(spec.queue_size, pol, kname, edge_bytes)
-            node = _Node(kname, "sink", len(stages) + 1, spec, q, [], NodeMetrics(kname, "sink", q))
-            prev.outs.append(q)
-            self._nodes.append(node)
-            self._sinks.append(node)
-        self._last = prev  # the node whose output is "the pipeline's output"
+        self._nodes = _build_graph(name, source, stages, sinks, policy, queue_size, max_queue_bytes)
+        self._stages = [n for n in self._nodes if n.kind == "stage"]
+        self._sinks = [n for n in self._nodes if n.kind == "sink"]
+        self._last = (
+            self._stages[-1] if self._stages else self._nodes[0]
+        )  # whose output is "the pipeline's output"
 
         self._lock = threading.Lock()
-        self._wake = (
-            threading.Event()
-        )  # set from normal threads (never from a signal handler) to rouse the supervisor
+        # set from normal threads (never from a signal handler) to rouse the supervisor
+        self._wake = threading.Event()
         self._done = threading.Event()
         self._all_open = threading.Event()
         self._opened = 0
@@ -354,7 +461,7 @@ class Pipeline:
             raise Interrupted(f"pipeline '{self.name}' interrupted; outputs were closed") from exc
         if self._supervisor is not None:
             self._supervisor.join()
-        self._raise_error()
+        _raise(self.name, self._error)
         assert self.report is not None
         return self.report
 
@@ -427,40 +534,21 @@ class Pipeline:
             first = self._error is None
             if first:
                 self._error = (node, exc, index)
-        if first:
-            logger.error(
-                "pipeline '%s': %s '%s' failed: %s: %s",
-                self.name,
-                node.kind,
-                node.name,
-                type(exc).__name__,
-                exc,
-            )
-        else:
-            logger.warning(
-                "pipeline '%s': %s '%s' also failed: %s: %s",
-                self.name,
-                node.kind,
-                node.name,
-                type(exc).__name__,
-                exc,
-            )
+        logger.log(
+            logging.ERROR if first else logging.WARNING,
+            "pipeline '%s': %s '%s' %s: %s: %s",
+            self.name,
+            node.kind,
+            node.name,
+            "failed" if first else "also failed",
+            type(exc).__name__,
+            exc,
+        )
         for other in self._nodes:
             if other.order < node.order:
                 other.abort = True
         self._stop = True
         self._wake.set()
-
-    def _raise_error(self) -> None:
-        if self._error is None:
-            return
-        node, exc, index = self._error
-        if isinstance(exc, VostreamError):
-            note = f"(in pipeline '{self.name}', {node.kind} '{node.name}')"
-            if hasattr(exc, "add_note") and note not in getattr(exc, "__notes__", ()):
-                exc.add_note(note)
-            raise exc
-        raise StageError(node.name, f"{type(exc).__name__}: {exc}", index) from exc
 
     # -- node threads -----------------------------------------------------------------------------------------------
     def _aborted(self, node: _Node) -> bool:
@@ -471,21 +559,6 @@ class Pipeline:
             self._opened += 1
             if self._opened >= len(self._nodes) - 1:
                 self._all_open.set()
-
-    def _refresh_stats(
-        self, node: _Node, obj: Source[object] | Stage[object, object] | Sink[object], force: bool = False
-    ) -> None:
-        now = time.monotonic()
-        if not force and now - node.stats_at < STATS_EVERY_S:
-            return
-        node.stats_at = now
-        try:
-            stats = obj.stats()
-        except Exception:  # stats are best effort: never fail a run for them
-            logger.exception("%s '%s': stats() failed", node.kind, node.name)
-            return
-        if stats:
-            node.metrics.set_extra(stats)
 
     def _emit(self, node: _Node, item: object) -> None:
         stamps = getattr(item, "stamps", None)
@@ -509,7 +582,7 @@ class Pipeline:
                 obj.close()
             except BaseException as exc:  # noqa: BLE001 - reported through wait()
                 self._fail(node, exc)
-            self._refresh_stats(node, obj, force=True)
+            _refresh_stats(node, obj, force=True)
         for q in node.outs:
             q.put_final(END_OF_STREAM)
         with self._lock:
@@ -544,30 +617,11 @@ class Pipeline:
                 node.metrics.record_latency(time.monotonic() - t0)
                 node.ordinal += 1
                 self._emit(node, item)
-                self._refresh_stats(node, source)
+                _refresh_stats(node, source)
         except BaseException as exc:  # noqa: BLE001 - reported through wait()
             self._fail(node, exc)
         finally:
             self._end_node(node, source)
-
-    def _deliver_controls(self, node: _Node, stage: Stage[object, object]) -> None:
-        if not node.controls:  # per-item fast path without the pipeline lock (a deque's length is atomic)
-            return
-        while True:
-            with self._lock:
-                if not node.controls:
-                    return
-                message, receipt = node.controls.popleft()
-            try:
-                consumed = bool(stage.handle_control(message))
-            except ConfigError as exc:
-                logger.warning("stage '%s' rejected control message %r: %s", node.name, message, exc)
-                receipt._settle(node.name, error=exc)
-                continue
-            except BaseException:
-                receipt._settle(node.name, delivered=False)
-                raise
-            receipt._settle(node.name, consumed=consumed)
 
     def _run_stage(self, node: _Node) -> None:
         # each stage gets what the node before it produced: matching the chain's item types is the caller's part
@@ -583,7 +637,7 @@ class Pipeline:
             self._mark_open()
             while True:
                 item = None
-                self._deliver_controls(node, stage)
+                _deliver_controls(node, stage, self._lock)
                 if self._aborted(node):
                     inq.clear()
                     return
@@ -591,7 +645,7 @@ class Pipeline:
                 if got is EMPTY:
                     continue
                 if got is END_OF_STREAM:
-                    self._deliver_controls(node, stage)
+                    _deliver_controls(node, stage, self._lock)
                     item = None
                     for out in stage.finish():
                         if self._aborted(node):
@@ -600,7 +654,7 @@ class Pipeline:
                     return
                 item = got
                 # a control sent while this stage waited for the item must apply before it is processed
-                self._deliver_controls(node, stage)
+                _deliver_controls(node, stage, self._lock)
                 node.ordinal += 1
                 node.metrics.record_in()
                 t0 = time.monotonic()
@@ -610,7 +664,7 @@ class Pipeline:
                     node.metrics.record_filtered()
                 else:
                     self._emit(node, out)
-                self._refresh_stats(node, stage)
+                _refresh_stats(node, stage)
         except BaseException as exc:  # noqa: BLE001 - reported through wait()
             self._fail(node, exc, item)
         finally:
@@ -642,7 +696,7 @@ class Pipeline:
                 sink.write(item)
                 node.metrics.record_latency(time.monotonic() - t0)
                 node.metrics.record_out(item)
-                self._refresh_stats(node, sink)
+                _refresh_stats(node, sink)
         except BaseException as exc:  # noqa: BLE001 - reported through wait()
             self._fail(node, exc, item)
         finally:
@@ -677,37 +731,17 @@ class Pipeline:
         for t in threads:
             t.join()
         self._finished_at = time.monotonic()
-        self.report = self._build_report()
+        self.report = RunReport.of(
+            self.name,
+            self._finished_at - (self._started_at or self._finished_at),
+            self._last.metrics.frames_out,
+            _end_reason(self._error is not None, self._cancel, self._signalled, self._natural_end),
+            self._cancel,
+            self.metrics(),
+            None if self._error is None else self._error[:2],
+        )
         logger.info("%s", self.report.summary())
         self._done.set()
-
-    def _build_report(self) -> RunReport:
-        assert self._started_at is not None and self._finished_at is not None
-        wall = self._finished_at - self._started_at
-        frames = self._last.metrics.frames_out
-        if self._error is not None:
-            reason = "error"
-        elif self._cancel:
-            reason = "signal" if self._signalled else "cancel"
-        elif self._natural_end:
-            reason = "end"
-        else:
-            reason = "signal" if self._signalled else "stop"
-        error = None
-        if self._error is not None:
-            node, exc, _ = self._error
-            error = f"{node.kind} '{node.name}': {type(exc).__name__}: {exc}"
-        return RunReport(
-            name=self.name,
-            frames=frames,
-            wall_s=wall,
-            fps=frames / wall if wall > 0 else 0.0,
-            interrupted=reason in ("stop", "cancel", "signal"),
-            cancelled=self._cancel,
-            reason=reason,
-            metrics=self.metrics(),
-            error=error,
-        )
 
 
 @contextlib.contextmanager
