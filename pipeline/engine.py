@@ -633,6 +633,7 @@ class Pipeline:
             bind = getattr(stage, "bind_should_stop", None)
             if callable(bind):  # optional hook: long process() calls may poll it and give up early on cancel
                 bind(lambda: self._aborted(node))
+            stage.bind_output(max((q.capacity for q in node.outs), default=0))
             stage.open()
             self._mark_open()
             while True:

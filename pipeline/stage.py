@@ -64,6 +64,12 @@ class Stage(ABC, Generic[In, Out]):
     def open(self) -> None:  # noqa: B027 - optional hook
         """Acquire resources before the first item (load a model, allocate buffers)."""
 
+    def bind_output(self, capacity: int) -> None:  # noqa: B027 - optional hook
+        """Called by the pipeline before :meth:`open`: at most ``capacity`` of this stage's outputs wait in its
+        output edge(s) at once (0: no stage or sink reads them).  A stage that reuses output buffers keeps more
+        than ``capacity`` of them, plus those its consumer may still hold, so that no item in flight is
+        overwritten; ``docs/pipeline.md``."""
+
     @abstractmethod
     def process(self, item: In) -> Out | None:
         """Return the transformed item, or ``None`` to drop it (counted as ``filtered``)."""

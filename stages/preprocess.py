@@ -89,8 +89,15 @@ class Preprocessor:
         return out
 
 
+#: Ring buffers beyond the output edge's capacity: the one the tracker steps on, the one being filled, and two
+#: spare (a tracker may keep the previous frame's tensor for its motion estimate).
+RING_SPARE = 4
+
+
 class PreprocessStage(Stage[Frame, Frame]):
-    """Sets ``frame.tensor`` for the tracker.  ``ring`` must exceed the frames in flight up to the tracker."""
+    """Sets ``frame.tensor`` for the tracker, into a ring of reused buffers.  The ring holds at least ``ring``
+    buffers and, once the pipeline has said how many frames its output edge holds (:meth:`bind_output`), that many
+    plus :data:`RING_SPARE`, so a tensor is never overwritten while a frame carrying it is still in flight."""
 
     name = "preprocess"
 
@@ -99,6 +106,10 @@ class PreprocessStage(Stage[Frame, Frame]):
         self._ring = ring
         self._pre: Preprocessor | None = None
         self._src: tuple[int, int] | None = None
+
+    def bind_output(self, capacity: int) -> None:
+        self._ring = max(self._ring, capacity + RING_SPARE)
+        self._pre = None  # a ring already made is remade at the new length
 
     def process(self, frame: Frame) -> Frame:
         src = (frame.width, frame.height)
@@ -109,4 +120,4 @@ class PreprocessStage(Stage[Frame, Frame]):
         return frame
 
 
-__all__ = ["PreprocessStage", "Preprocessor"]
+__all__ = ["RING_SPARE", "PreprocessStage", "Preprocessor"]

@@ -18,13 +18,6 @@ from vostream.stages.track import TrackStage
 from vostream.stages.trackers import Tracker
 
 
-def preprocess_ring(queue_size: int) -> int:
-    """Buffers in the preprocess stage's ring.  A tensor stays referenced while it waits in the queue before the
-    track stage (``queue_size``) and while the tracker steps on it (1); the preprocess stage fills one more.  Two
-    spare buffers on top, so a buffer is never rewritten while the tracker can still read it."""
-    return queue_size + 4
-
-
 def assemble_track(
     source: Source[Frame],
     tracker: Tracker,
@@ -44,7 +37,7 @@ def assemble_track(
     :meth:`Pipeline.send_control`.  ``policy`` is the queues' backpressure policy (``None``: ``block`` for files,
     ``latest`` for a live source).  Nothing starts until :meth:`Pipeline.start`/``run``."""
     stages = [
-        PreprocessStage(tracker.input_spec, ring=preprocess_ring(queue_size)),
+        PreprocessStage(tracker.input_spec),  # its ring follows the edge it feeds (bind_output)
         TrackStage(tracker, prompts),
         PostprocessStage(fill_holes=fill_holes, min_area=min_area),
     ]
@@ -59,4 +52,4 @@ def assemble_track(
     )
 
 
-__all__ = ["assemble_track", "preprocess_ring"]
+__all__ = ["assemble_track"]
