@@ -566,10 +566,10 @@ def export_model(
         if out_dir.exists():
             shutil.rmtree(out_dir)
         dirs.tmp.rename(out_dir)
-    lay = layout
     say(
-        f"wrote {out_dir} ({ckpt.family.name}, {lay.image_size}px, {request.precision}, C={lay.cond_slots} "
-        f"N={lay.recent_slots} Q={lay.pointer_slots}) in {time.perf_counter() - t_start:.1f} s"
+        f"wrote {out_dir} ({ckpt.family.name}, {layout.image_size}px, {request.precision}, "
+        f"C={layout.cond_slots} N={layout.recent_slots} Q={layout.pointer_slots}) in "
+        f"{time.perf_counter() - t_start:.1f} s"
     )
     return manifest
 
@@ -594,13 +594,15 @@ def _check_request(
         raise ConfigError("--compare measures an --fp16 or --int8 export against fp32: add one of them")
     if amct and int8 is None:
         raise ConfigError("the Ascend INT8 files (amct/) need --int8 CLIP")
-    from vostream.apps.export import precision as p  # imported on use: it needs onnxruntime
-
     calib_clip = compare_clip = None
     if int8 is not None:
+        from vostream.apps.export import precision as p  # imported on use: it needs onnxruntime
+
         calib_clip = p.read_clip(int8, calib_frames, "--int8")
         p.check_prompts(prompts, calib_clip, "--int8", int8, tracking=True)
     if compare is not None:
+        from vostream.apps.export import precision as p
+
         compare_clip = p.read_clip(compare, compare_frames, "--compare")
         p.check_prompts(prompts, compare_clip, "--compare", compare)
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -981,8 +983,6 @@ def _other_precision(
 ) -> Manifest:
     """The manifest of the precision asked for: fp32 as is; fp16 (graphs converted and verified in step 4)
     relabelled; int8 quantized from the fp32 reference; with ``--compare``, measured against it."""
-    from vostream.apps.export import precision as p  # imported on use: it needs onnxruntime
-
     if request.precision == "fp16":
         manifest = dataclasses.replace(manifest, dtype="float16-mixed")
     if request.calib_clip is not None:
@@ -991,6 +991,8 @@ def _other_precision(
             dirs.ref, dirs.tmp, manifest, request.int8, request.calib_clip, prompts, threads, amct, say
         )
     if request.compare is not None and request.compare_clip is not None:
+        from vostream.apps.export import precision as p  # imported on use: it needs onnxruntime
+
         manifest.write(dirs.tmp)
         say(f"comparing with fp32 on {request.compare} ({len(request.compare_clip)} frames, side by side)")
         label = manifest.dtype
