@@ -35,7 +35,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from vostream.stages.trackers.base import TrackerSession
+    from vostream.stages.trackers.sam2.manifest import Manifest
+
+    Image = npt.NDArray[np.uint8]  # one RGB frame, H x W x 3
+    Logits = npt.NDArray[np.float32]  # one object's mask logits
 
 OK, MISSING, FAIL, SKIP = "OK", "MISSING", "FAIL", "SKIP"
 EXIT_MODEL_FAILED = 1
@@ -117,7 +128,7 @@ def check_onnx() -> Check:
     )
 
 
-def probe_acl_module(acl: Any, device_id: int = 0) -> dict[str, Any]:
+def probe_acl_module(acl: ModuleType, device_id: int = 0) -> dict[str, Any]:
     """Ask a pyACL module (real or fake) for its version, SoC, device count and HBM of ``device_id``.
 
     init -> get_version / get_soc_name / get_device_count -> set_device -> get_mem_info(HBM) -> reset_device ->
@@ -340,7 +351,22 @@ def check_media() -> Check:
 
 
 # ------------------------------------------------------------------------------------------------ --model
-def _synthetic_clip(size: int, n: int = 2) -> list[Any]:
+class ClipTracker(Protocol):
+    """What the ``--model`` check drives: a :class:`~vostream.stages.trackers.sam2.Sam2Tracker` (or a test's
+    stand-in)."""
+
+    manifest: Manifest
+
+    def new_session(self) -> TrackerSession: ...
+
+    def close(self) -> None: ...
+
+
+#: builds a tracker for an export directory
+TrackerFactory = Callable[[Path], ClipTracker]
+
+
+def _synthetic_clip(size: int, n: int = 2) -> list[Image]:
     """``n`` RGB uint8 frames: a bright square drifting on a grey gradient (deterministic)."""
     import numpy as np
 
@@ -354,7 +380,7 @@ def _synthetic_clip(size: int, n: int = 2) -> list[Any]:
     return frames
 
 
-def _run_clip(tracker: Any, frames: list[Any]) -> tuple[list[Any], float]:
+def _run_clip(tracker: ClipTracker, frames: list[Image]) -> tuple[list[Logits], float]:
     """Track object 1 (a click at the square's centre on frame 0) through ``frames``; per-frame logits, ms/frame."""
     import numpy as np
 
@@ -375,13 +401,15 @@ def _run_clip(tracker: Any, frames: list[Any]) -> tuple[list[Any], float]:
                 ((img.astype(np.float32) / 255.0 - mean) / std).transpose(2, 0, 1)[None]
             )
             res = session.step(f)
+            if res.logits is None:  # allowed by the session contract; a SAM 2 session always returns logits
+                raise TypeError(f"frame {i}: the session returned no mask logits")
             out.append(np.array(res.logits[0], np.float32))
     finally:
         session.close()
     return out, (time.perf_counter() - t0) * 1e3 / max(1, len(frames))
 
 
-def _compare(a: list[Any], b: list[Any]) -> tuple[float, float]:
+def _compare(a: list[Logits], b: list[Logits]) -> tuple[float, float]:
     """(min IoU of ``logits > 0`` over frames — 1 where both are empty; max |a - b| over the finite logits)."""
     import numpy as np
 
@@ -394,7 +422,7 @@ def _compare(a: list[Any], b: list[Any]) -> tuple[float, float]:
     return min(ious), max(diffs)
 
 
-def _memory_per_object(m: Any) -> tuple[int, int]:
+def _memory_per_object(m: Manifest) -> tuple[int, int]:
     """(bank bytes, pointer bytes) per object at fp32: ``(C+N)·T·M·4`` and ``Q·D·4``."""
     return (
         m.cond_slots + m.recent_slots
@@ -406,8 +434,8 @@ def check_model(
     acl_check: Check | None,
     device_id: int = 0,
     min_iou: float = 0.9,
-    onnx_factory: Callable[[Path], Any] | None = None,
-    acl_factory: Callable[[Path], Any] | None = None,
+    onnx_factory: TrackerFactory | None = None,
+    acl_factory: TrackerFactory | None = None,
 ) -> list[Check]:
     """Manifest summary, one synthetic clip on ``onnx`` (CPU) and, when possible, on ``acl``; compare the masks.
 
@@ -417,69 +445,17 @@ def check_model(
     from vostream.stages.trackers.sam2.manifest import load_manifest
 
     model_dir = Path(model_dir)
-    checks: list[Check] = []
     try:
         m = load_manifest(model_dir)
     except VostreamError as exc:
         return [Check("model", FAIL, str(exc))]
-    bank, ptrs = _memory_per_object(m)
     om = {name: (model_dir / f"{Path(g.file).stem}.om").is_file() for name, g in m.graphs.items()}
-    data = {
-        "family": m.family,
-        "image_size": m.image_size,
-        "opset": m.opset,
-        "dtype": m.dtype,
-        "slots": {"C": m.cond_slots, "N": m.recent_slots, "Q": m.pointer_slots},
-        "bank_bytes_per_object": bank,
-        "pointer_bytes_per_object": ptrs,
-        "om": om,
-        "graphs": {n: g.file for n, g in m.graphs.items()},
-    }
-    checks.append(
-        Check(
-            "model",
-            OK,
-            f"{m.family} {m.image_size}px, {m.dtype}, opset {m.opset}, C/N/Q {m.cond_slots}/"
-            f"{m.recent_slots}/{m.pointer_slots}, per object: bank {bank / 2**20:.2f} MiB + "
-            f"pointers {ptrs / 2**10:.1f} KiB (fp32); .om {sum(om.values())}/{len(om)}",
-            data,
-        )
-    )
+    checks = [_model_summary(m, om)]
     if m.dtype != "float32":
-        report = m.verify.get("compare")
-        if isinstance(report, dict) and report:
-            from vostream.apps.export.precision import describe_report
-
-            checks.append(
-                Check(
-                    "model.precision", OK, f"measured at export: {describe_report(m.dtype, report)}", report
-                )
-            )
-        else:
-            checks.append(
-                Check(
-                    "model.precision",
-                    SKIP,
-                    f"{m.dtype} export without a measured delta against fp32: re-export with "
-                    "--compare CLIP --point X,Y (docs/deploy.md section 3)",
-                )
-            )
+        checks.append(_measured_precision(m))
     frames = _synthetic_clip(m.image_size)
-
-    def run(factory: Callable[[Path], Any]) -> tuple[list[Any], float]:
-        tracker = factory(model_dir)
-        try:
-            return _run_clip(tracker, frames)
-        finally:
-            tracker.close()
-
-    def default_onnx(d: Path) -> Any:
-        from vostream.stages.trackers.sam2 import OnnxTracker
-
-        return OnnxTracker(d, threads=2)
-
     try:
-        ref, ms = run(onnx_factory or default_onnx)
+        ref, ms = _run_model(onnx_factory or _onnx_tracker, model_dir, frames)
     except Exception as exc:  # noqa: BLE001 - any failure is the model check's result
         checks.append(
             Check(
@@ -496,53 +472,118 @@ def check_model(
             {"ms_per_frame": ms},
         )
     )
-    if acl_check is None or acl_check.status != OK:
-        checks.append(Check("model.acl", SKIP, "acl backend not usable here (see the acl line)"))
-        return checks
-    absent = [f"{Path(m.graphs[n].file).stem}.om" for n, ok in om.items() if not ok]
-    if absent:
-        checks.append(
-            Check(
-                "model.acl",
-                SKIP,
-                f"no {', '.join(absent)} in {model_dir}: convert with "
-                f"'bash {model_dir}/atc_convert.sh' (vostream export --om)",
-            )
-        )
-        return checks
-    if acl_factory is None:
-        try:
-            from vostream.stages.trackers.sam2 import Sam2Tracker
-            from vostream.stages.trackers.sam2.backends.acl import AclRuntime
-        except Exception as exc:  # noqa: BLE001 - the acl runtime module may be absent or broken
-            checks.append(
-                Check("model.acl", MISSING, f"acl runtime unavailable: {type(exc).__name__}: {exc}")
-            )
-            return checks
-
-        def acl_factory(d: Path) -> Any:
-            return Sam2Tracker(d, AclRuntime(device_id=device_id))
-
-    try:
-        got, ms_acl = run(acl_factory)
-    except Exception as exc:  # noqa: BLE001
-        checks.append(
-            Check("model.acl", FAIL, f"{len(frames)} frames on acl failed: {type(exc).__name__}: {exc}")
-        )
-        return checks
-    iou, diff = _compare(ref, got)
-    status = OK if iou >= min_iou else FAIL
     checks.append(
-        Check(
-            "model.acl",
-            status,
-            f"{len(frames)} frames on acl (device {device_id}): {ms_acl:.1f} "
-            f"ms/frame; vs onnx CPU: mask IoU {iou:.4f} (min {min_iou}), max "
-            f"|Δ logit| {diff:.3g}",
-            {"iou": iou, "max_abs_diff": diff, "ms_per_frame": ms_acl, "min_iou": min_iou},
-        )
+        _check_model_on_acl(model_dir, m, om, acl_check, device_id, min_iou, acl_factory, frames, ref)
     )
     return checks
+
+
+def _model_summary(m: Manifest, om: dict[str, bool]) -> Check:
+    """The ``model`` line: family, size, precision, slots, memory per object, ``.om`` files present."""
+    bank, ptrs = _memory_per_object(m)
+    data = {
+        "family": m.family,
+        "image_size": m.image_size,
+        "opset": m.opset,
+        "dtype": m.dtype,
+        "slots": {"C": m.cond_slots, "N": m.recent_slots, "Q": m.pointer_slots},
+        "bank_bytes_per_object": bank,
+        "pointer_bytes_per_object": ptrs,
+        "om": om,
+        "graphs": {n: g.file for n, g in m.graphs.items()},
+    }
+    return Check(
+        "model",
+        OK,
+        f"{m.family} {m.image_size}px, {m.dtype}, opset {m.opset}, C/N/Q {m.cond_slots}/"
+        f"{m.recent_slots}/{m.pointer_slots}, per object: bank {bank / 2**20:.2f} MiB + "
+        f"pointers {ptrs / 2**10:.1f} KiB (fp32); .om {sum(om.values())}/{len(om)}",
+        data,
+    )
+
+
+def _measured_precision(m: Manifest) -> Check:
+    """The ``model.precision`` line of an fp16 / int8 export: its delta against fp32 as measured at export."""
+    report = m.verify.get("compare")
+    if isinstance(report, dict) and report:
+        from vostream.apps.export.precision import describe_report
+
+        return Check("model.precision", OK, f"measured at export: {describe_report(m.dtype, report)}", report)
+    return Check(
+        "model.precision",
+        SKIP,
+        f"{m.dtype} export without a measured delta against fp32: re-export with "
+        "--compare CLIP --point X,Y (docs/deploy.md section 3)",
+    )
+
+
+def _run_model(factory: TrackerFactory, model_dir: Path, frames: list[Image]) -> tuple[list[Logits], float]:
+    """:func:`_run_clip` on a tracker that ``factory`` builds for ``model_dir`` (closed afterwards)."""
+    tracker = factory(model_dir)
+    try:
+        return _run_clip(tracker, frames)
+    finally:
+        tracker.close()
+
+
+def _onnx_tracker(model_dir: Path) -> ClipTracker:
+    from vostream.stages.trackers.sam2 import OnnxTracker
+
+    return OnnxTracker(model_dir, threads=2)
+
+
+def _acl_tracker_factory(device_id: int) -> TrackerFactory:
+    """``Sam2Tracker(dir, AclRuntime(device_id))``; raises whatever importing the acl runtime raises."""
+    from vostream.stages.trackers.sam2 import Sam2Tracker
+    from vostream.stages.trackers.sam2.backends.acl import AclRuntime
+
+    def make(model_dir: Path) -> ClipTracker:
+        return Sam2Tracker(model_dir, AclRuntime(device_id=device_id))
+
+    return make
+
+
+def _check_model_on_acl(
+    model_dir: Path,
+    m: Manifest,
+    om: dict[str, bool],
+    acl_check: Check | None,
+    device_id: int,
+    min_iou: float,
+    acl_factory: TrackerFactory | None,
+    frames: list[Image],
+    ref: list[Logits],
+) -> Check:
+    """The ``model.acl`` line: ``frames`` on the acl backend, masks compared with ``ref`` (onnx on CPU); SKIP when
+    acl is not usable here or the ``.om`` files are missing."""
+    if acl_check is None or acl_check.status != OK:
+        return Check("model.acl", SKIP, "acl backend not usable here (see the acl line)")
+    absent = [f"{Path(m.graphs[n].file).stem}.om" for n, ok in om.items() if not ok]
+    if absent:
+        return Check(
+            "model.acl",
+            SKIP,
+            f"no {', '.join(absent)} in {model_dir}: convert with "
+            f"'bash {model_dir}/atc_convert.sh' (vostream export --om)",
+        )
+    if acl_factory is None:
+        try:
+            acl_factory = _acl_tracker_factory(device_id)
+        except Exception as exc:  # noqa: BLE001 - the acl runtime module may be absent or broken
+            return Check("model.acl", MISSING, f"acl runtime unavailable: {type(exc).__name__}: {exc}")
+    try:
+        got, ms_acl = _run_model(acl_factory, model_dir, frames)
+    except Exception as exc:  # noqa: BLE001
+        return Check("model.acl", FAIL, f"{len(frames)} frames on acl failed: {type(exc).__name__}: {exc}")
+    iou, diff = _compare(ref, got)
+    return Check(
+        "model.acl",
+        OK if iou >= min_iou else FAIL,
+        f"{len(frames)} frames on acl (device {device_id}): {ms_acl:.1f} "
+        f"ms/frame; vs onnx CPU: mask IoU {iou:.4f} (min {min_iou}), max "
+        f"|Δ logit| {diff:.3g}",
+        {"iou": iou, "max_abs_diff": diff, "ms_per_frame": ms_acl, "min_iou": min_iou},
+    )
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -580,7 +621,8 @@ def model_failed(checks: Sequence[Check]) -> bool:
 
 
 def add_doctor_parser(
-    sub: Any, add_common: Callable[[argparse.ArgumentParser], None]
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    add_common: Callable[[argparse.ArgumentParser], None],
 ) -> argparse.ArgumentParser:
     """Add ``doctor`` to the ``vostream`` subcommands (``add_common`` adds --quiet/--verbose/--debug)."""
     p = sub.add_parser(

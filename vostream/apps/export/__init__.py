@@ -8,6 +8,8 @@ leaves nothing half-written.  Design: ``docs/sam2-backend.md``.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -16,9 +18,11 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +38,13 @@ from vostream.stages.trackers.sam2.manifest import (
     TensorSpec,
 )
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from torch import Tensor, nn
+
+    #: the inputs of one graph, in its input order
+    Feed = tuple[Tensor, ...]
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_OPSET = 17
@@ -43,7 +54,7 @@ DEFAULT_CALIB_FRAMES = 32
 TOL = 1e-4
 
 
-def _require_export_deps() -> tuple[Any, Any]:
+def _require_export_deps() -> tuple[ModuleType, ModuleType]:
     try:
         import torch
         import transformers
@@ -146,7 +157,7 @@ def _read_json(model: str, name: str, required: bool = False) -> dict[str, Any] 
         return None
 
 
-def load_checkpoint(model: str) -> tuple[Any, Family, dict[str, Any]]:
+def load_checkpoint(model: str) -> tuple[nn.Module, Family, dict[str, Any]]:
     """Load ``model`` (hub id or ``save_pretrained`` directory) as its family's video model, in eval mode, fp32."""
     torch, transformers = _require_export_deps()
     config_json = _read_json(model, "config.json", required=True)
@@ -165,7 +176,7 @@ def load_checkpoint(model: str) -> tuple[Any, Family, dict[str, Any]]:
     return net, family, config_json
 
 
-def resize_model(net: Any, family: Family, size: int) -> Any:
+def resize_model(net: nn.Module, family: Family, size: int) -> nn.Module:
     """``net`` rebuilt to run at ``size`` px: a copy of its config with :func:`resize_config` applied, and every
     weight loaded strictly (no weight depends on the input size in these families; a strict load proves it)."""
     import copy
@@ -189,9 +200,9 @@ def resize_model(net: Any, family: Family, size: int) -> Any:
 
 
 def _onnx_export(
-    torch: Any,
-    module: Any,
-    args: tuple[Any, ...],
+    torch: ModuleType,
+    module: nn.Module,
+    args: Feed,
     path: Path,
     inputs: list[str],
     outputs: list[str],
@@ -213,12 +224,12 @@ def _onnx_export(
         )
 
 
-def _dtype_name(t: Any) -> str:
+def _dtype_name(t: Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
 def _specs(
-    names: list[str], tensors: tuple[Any, ...], dynamic: dict[str, dict[int, str]] | None = None
+    names: list[str], tensors: Feed, dynamic: dict[str, dict[int, str]] | None = None
 ) -> tuple[TensorSpec, ...]:
     out = []
     for name, t in zip(names, tensors):
@@ -229,7 +240,7 @@ def _specs(
     return tuple(out)
 
 
-def _bf16_step(magnitude: Any) -> Any:
+def _bf16_step(magnitude: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """The spacing of bfloat16 values (8 significant bits) at ``|x|`` = ``magnitude``, elementwise: 2**(e - 8)
     for ``|x|`` in [2**(e-1), 2**e).  (Zero gets the smallest normal spacing; the absolute tolerance covers it.)"""
     _, exp = np.frexp(np.asarray(magnitude, dtype=np.float64))
@@ -239,11 +250,11 @@ def _bf16_step(magnitude: Any) -> Any:
 def _verify(
     graph: str,
     path: Path,
-    module: Any,
-    feeds_list: list[tuple[Any, ...]],
+    module: nn.Module,
+    feeds_list: list[Feed],
     in_names: list[str],
     out_names: list[str],
-    torch: Any,
+    torch: ModuleType,
     rel: dict[str, float] | None = None,
     tol: float = TOL,
     bf16: tuple[str, ...] = (),
@@ -337,7 +348,8 @@ def _dedupe_constants(path: Path) -> int:
     if not rename:
         return 0
 
-    def rewire(nodes: Any) -> None:  # nested graphs (If/Loop bodies) may read outer-scope constants too
+    # nested graphs (If/Loop bodies) may read outer-scope constants too
+    def rewire(nodes: Iterable[onnx.NodeProto]) -> None:
         for node in nodes:
             for i, name in enumerate(node.input):
                 if name in rename:
@@ -372,7 +384,7 @@ def _to_fp16(src: Path, dst: Path) -> None:
     onnx.save(converted, str(dst))
 
 
-def _three(values: Any) -> tuple[float, float, float]:
+def _three(values: Iterable[float]) -> tuple[float, float, float]:
     a, b, c = (float(v) for v in values)
     return a, b, c
 
@@ -405,6 +417,91 @@ class _StopOnSignals:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self.previous = {}
+
+
+# ------------------------------------------------------------------------------------------------ export_model
+# ``export_model`` is five steps: load -> resize -> export -> verify -> manifest.  Export and verify alternate graph
+# by graph (each graph's test feeds are the previous graphs' outputs); the values that flow between the steps are
+# the small dataclasses below.
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What ``export_model`` was asked to write, checked before anything heavy is loaded."""
+
+    precision: str  # "fp32", "fp16" or "int8"
+    int8: str | Path | None  # the --int8 calibration clip ...
+    calib_clip: list[Frame] | None  # ... and its first frames
+    compare: str | Path | None  # the --compare clip ...
+    compare_clip: list[Frame] | None  # ... and its first frames
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """Step 1 (load) and 2 (resize): the model in eval mode, at the size it is exported at."""
+
+    model: str  # hub id or directory, as given
+    net: nn.Module
+    family: Family
+    config_json: dict[str, Any]  # the checkpoint's config.json
+    trained_size: int  # the input size it was trained at
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The sizes the graphs are built for (names as in ``docs/sam2-backend.md``)."""
+
+    image_size: int  # S
+    grid: int  # g: top-level feature grid
+    hidden_dim: int  # D
+    mem_dim: int  # M
+    mask_size: int  # P: low-res mask logits
+    cond_slots: int  # C: conditioning frames in the memory bank
+    recent_slots: int  # N: recent frames in the memory bank
+    pointer_slots: int  # Q: object pointers
+    max_cond: int  # the checkpoint's max_cond_frame_num (<= 0: no limit)
+    max_ptrs: int  # the checkpoint's max_object_pointers_in_encoder
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    @property
+    def key_slots(self) -> int:  # L = C + N
+        return self.cond_slots + self.recent_slots
+
+
+@dataclass(frozen=True)
+class _Dirs:
+    """Where the export is staged: ``tmp`` becomes ``out_dir`` at the end; ``ref`` holds the fp32 graphs (``tmp``
+    itself, or for fp16 / int8 the reference beside it that the other precision is made from and measured
+    against, removed at the end)."""
+
+    tmp: Path
+    ref: Path
+
+
+@dataclass
+class _GraphJob:
+    """One graph to export and verify: its wrapper module and the feeds it is checked on (the first also traces it)."""
+
+    name: str
+    module: nn.Module
+    feeds: list[Feed]
+    inputs: list[str]
+    outputs: list[str]
+    dynamic: dict[str, dict[int, str]] | None = None  # symbolic axes, in the ONNX file and the manifest
+    bf16: tuple[str, ...] = ()  # outputs rounded to bfloat16 at the end of the graph (see :func:`_verify`)
+    shrink: dict[str, tuple[int, str]] | None = (
+        None  # dynamic in the ONNX file, the first feed's size in the manifest
+    )
+
+
+@dataclass(frozen=True)
+class _Exported:
+    """Steps 3 and 4 (export, verify) for the four graphs: what the manifest records of them."""
+
+    graphs: dict[str, GraphSpec]
+    verify: dict[str, dict[str, Any]]  # graph -> {"max_abs_diff": {output: diff}, "export_s": seconds}
+    tokens_per_slot: int  # T
 
 
 def export_model(
@@ -444,6 +541,53 @@ def export_model(
     :func:`image_size_step`); smaller is faster and coarser."""
     say = progress or (lambda msg: logger.info("%s", msg))
     out_dir = Path(out_dir)
+    request = _check_request(
+        out_dir,
+        opset=opset,
+        fp16=fp16,
+        int8=int8,
+        prompts=prompts,
+        compare=compare,
+        calib_frames=calib_frames,
+        compare_frames=compare_frames,
+        amct=amct,
+        overwrite=overwrite,
+    )
+    _require_export_deps()
+    t_start = time.perf_counter()
+    ckpt = _resize(_load(model, say), image_size, say)
+    layout = _layout(ckpt, cond_slots)
+    with _staging(out_dir, request.precision) as dirs:
+        exported = _export_graphs(ckpt, layout, dirs, opset, fp16, say)
+        manifest = _manifest(ckpt, layout, exported, opset)
+        manifest.write(dirs.ref)
+        manifest = _other_precision(manifest, dirs, request, prompts, threads, amct, say)
+        manifest.write(dirs.tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        dirs.tmp.rename(out_dir)
+    say(
+        f"wrote {out_dir} ({ckpt.family.name}, {layout.image_size}px, {request.precision}, "
+        f"C={layout.cond_slots} N={layout.recent_slots} Q={layout.pointer_slots}) in "
+        f"{time.perf_counter() - t_start:.1f} s"
+    )
+    return manifest
+
+
+def _check_request(
+    out_dir: Path,
+    *,
+    opset: int,
+    fp16: bool,
+    int8: str | Path | None,
+    prompts: Sequence[Prompt],
+    compare: str | Path | None,
+    calib_frames: int,
+    compare_frames: int | None,
+    amct: bool,
+    overwrite: bool,
+) -> _Request:
+    """The options of :func:`export_model` checked against each other and ``out_dir``; the clips read."""
     if fp16 and int8 is not None:
         raise ConfigError("--fp16 and --int8 exclude each other: choose one precision per export")
     if compare is not None and not (fp16 or int8 is not None):
@@ -452,11 +596,15 @@ def export_model(
         raise ConfigError("the Ascend INT8 files (amct/) need --int8 CLIP")
     calib_clip = compare_clip = None
     if int8 is not None:
-        calib_clip = _precision().read_clip(int8, calib_frames, "--int8")
-        _precision().check_prompts(prompts, calib_clip, "--int8", int8, tracking=True)
+        from vostream.apps.export import precision as p  # imported on use: it needs onnxruntime
+
+        calib_clip = p.read_clip(int8, calib_frames, "--int8")
+        p.check_prompts(prompts, calib_clip, "--int8", int8, tracking=True)
     if compare is not None:
-        compare_clip = _precision().read_clip(compare, compare_frames, "--compare")
-        _precision().check_prompts(prompts, compare_clip, "--compare", compare)
+        from vostream.apps.export import precision as p
+
+        compare_clip = p.read_clip(compare, compare_frames, "--compare")
+        p.check_prompts(prompts, compare_clip, "--compare", compare)
     if out_dir.exists() and any(out_dir.iterdir()):
         if not (out_dir / MANIFEST_NAME).is_file():
             raise ConfigError(
@@ -466,299 +614,71 @@ def export_model(
             raise ConfigError(f"{out_dir} already holds an export; pass --force to replace it")
     if opset < 17:
         raise ConfigError(f"--opset {opset}: the graphs need opset >= 17 (LayerNormalization)")
-    torch, transformers = _require_export_deps()
-    t_start = time.perf_counter()
+    precision = "int8" if int8 is not None else "fp16" if fp16 else "fp32"
+    return _Request(precision, int8, calib_clip, compare, compare_clip)
+
+
+def _load(model: str, say: Callable[[str], None]) -> _Checkpoint:
+    """Step 1: the checkpoint, as trained."""
     say(f"loading {model}")
     net, family, config_json = load_checkpoint(model)
-    trained_size = int(net.config.image_size)
-    if image_size is not None and image_size != trained_size:
-        say(f"resizing from {trained_size} to {image_size} px")
-        net = resize_model(net, family, image_size)
-    from vostream.apps.export.wrappers import (
-        DecoderGraph,
-        ImageEncoderGraph,
-        MemoryAttentionGraph,
-        MemoryEncoderGraph,
-        top_grid,
-    )
+    return _Checkpoint(model, net, family, config_json, int(net.config.image_size))
 
+
+def _resize(ckpt: _Checkpoint, image_size: int | None, say: Callable[[str], None]) -> _Checkpoint:
+    """Step 2: the checkpoint rebuilt for ``image_size`` px (unchanged when that is None or its trained size)."""
+    if image_size is None or image_size == ckpt.trained_size:
+        return ckpt
+    say(f"resizing from {ckpt.trained_size} to {image_size} px")
+    return dataclasses.replace(ckpt, net=resize_model(ckpt.net, ckpt.family, image_size))
+
+
+def _layout(ckpt: _Checkpoint, cond_slots: int | None) -> _Layout:
+    """The graphs' sizes from the model's config; ``cond_slots`` (``--cond-slots``) overrides the family's C."""
+    from vostream.apps.export.wrappers import top_grid
+
+    net, family = ckpt.net, ckpt.family
     cfg = net.config
-    S = int(cfg.image_size)
-    g = top_grid(net)
-    D, M = int(net.hidden_dim), int(net.mem_dim)
-    P = int(net.prompt_encoder.mask_input_size[0])
+    grid = top_grid(net)
     C = int(cond_slots or family.cond_slots)
     max_cond = int(getattr(cfg, "max_cond_frame_num", -1))
     if max_cond > 0:
         C = min(C, max_cond) if cond_slots is None else C
     if C < 1:
         raise ConfigError(f"--cond-slots must be >= 1, got {C}")
-    N = int(cfg.num_maskmem) - 1
-    L = C + N
     max_ptrs = int(cfg.max_object_pointers_in_encoder)
-    Q = C + max_ptrs - 1
-    pre = _read_json(model, "preprocessor_config.json") or {}
-    mean = _three(pre.get("image_mean", family.mean))
-    std = _three(pre.get("image_std", family.std))
+    pre = _read_json(ckpt.model, "preprocessor_config.json") or {}
+    return _Layout(
+        image_size=int(cfg.image_size),
+        grid=grid,
+        hidden_dim=int(net.hidden_dim),
+        mem_dim=int(net.mem_dim),
+        mask_size=int(net.prompt_encoder.mask_input_size[0]),
+        cond_slots=C,
+        recent_slots=int(cfg.num_maskmem) - 1,
+        pointer_slots=C + max_ptrs - 1,
+        max_cond=max_cond,
+        max_ptrs=max_ptrs,
+        mean=_three(pre.get("image_mean", family.mean)),
+        std=_three(pre.get("image_std", family.std)),
+    )
 
+
+@contextlib.contextmanager
+def _staging(out_dir: Path, precision: str) -> Iterator[_Dirs]:
+    """The staging directories, siblings of ``out_dir``.  On any exception, or a signal (:class:`_StopOnSignals`,
+    then raised as :class:`Interrupted`), ``tmp`` is removed; ``ref`` (when apart from ``tmp``) always is."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stop = _StopOnSignals(out_dir)  # a signal removes the staging directories (below) and exits 130
     stop.install()
     staged: Path | None = None
     fp32_staged: Path | None = None
-    precision = "int8" if int8 is not None else "fp16" if fp16 else "fp32"
     try:
         tmp = staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-        # the fp32 graphs: the export itself, or (fp16 / int8) the reference the other precision is made from and
-        # measured against, staged beside it and removed at the end
         ref = tmp
         if precision != "fp32":
             ref = fp32_staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.fp32.", dir=out_dir.parent))
-        gen = torch.Generator().manual_seed(0)
-
-        def rnd(*shape: int, scale: float = 1.0) -> Any:
-            return torch.randn(*shape, generator=gen) * scale
-
-        graphs: dict[str, GraphSpec] = {}
-        verify: dict[str, Any] = {}
-
-        def do(
-            name: str,
-            module: Any,
-            args_list: list[tuple[Any, ...]],
-            in_names: list[str],
-            out_names: list[str],
-            dynamic: dict[str, dict[int, str]] | None = None,
-            bf16: tuple[str, ...] = (),
-            shrink: dict[str, tuple[int, str]] | None = None,
-        ) -> tuple[Any, ...]:
-            """Export, verify on every feed of ``args_list``, record.  ``dynamic``: symbolic axes in the manifest;
-            ``shrink``: axes dynamic in the ONNX file but kept at the first feed's size in the manifest."""
-            t0 = time.perf_counter()
-            path = ref / f"{name}.onnx"
-            module.eval()
-            with torch.no_grad():
-                outs = module(*args_list[0])
-            outs = outs if isinstance(outs, tuple) else (outs,)
-            with torch.no_grad():
-                axes = dict(dynamic or {})
-                for tname, (axis, symbol) in (shrink or {}).items():
-                    axes.setdefault(tname, {})[axis] = symbol
-                _onnx_export(torch, module, args_list[0], path, in_names, out_names, opset, axes or None)
-            _dedupe_constants(path)
-            diffs = _verify(name, path, module, args_list, in_names, out_names, torch, bf16=bf16)
-            if fp16:
-                _to_fp16(path, tmp / path.name)
-                diffs = _verify(
-                    name,
-                    tmp / path.name,
-                    module,
-                    args_list,
-                    in_names,
-                    out_names,
-                    torch,
-                    {n: FP16_TOL for n in out_names},
-                    tol=FP16_TOL,
-                )
-            graphs[name] = GraphSpec(
-                name,
-                path.name,
-                _specs(in_names, args_list[0], dynamic),
-                _specs(out_names, outs, dynamic),
-                dict(shrink or {}),
-            )
-            verify[name] = {"max_abs_diff": diffs, "export_s": round(time.perf_counter() - t0, 2)}
-            say(
-                f"  {name}: exported and verified in {time.perf_counter() - t0:.1f} s "
-                f"(max |diff| {max(diffs.values()):.2g})"
-            )
-            return outs
-
-        ie = ImageEncoderGraph(net)
-        images = [(rnd(1, 3, S, S),), (rnd(1, 3, S, S),)]
-        s0, s1, feat, nomem, fmap = do(
-            "image_encoder", ie, images, ["image"], ["feat_s0", "feat_s1", "feat", "feat_nomem", "feat_map"]
-        )
-
-        ma = MemoryAttentionGraph(net, family, S, L, Q)
-        T = int(ma.mem_pos.shape[0])
-
-        def ma_args(n_valid: int, n_ptr: int, slots: int = L, pointers: int = Q) -> tuple[Any, ...]:
-            tpos = torch.tensor(([N] * C + list(range(N)))[L - slots :], dtype=torch.int64)
-            sv = torch.zeros(slots)
-            sv[:n_valid] = 1
-            pv = torch.zeros(pointers)
-            pv[:n_ptr] = 1
-            return (
-                feat,
-                rnd(slots, T, M),
-                tpos,
-                sv,
-                rnd(pointers, D),
-                torch.arange(1, pointers + 1, dtype=torch.float32),
-                pv,
-            )
-
-        # full, masked, and shorter views of the slot and pointer axes (what the session binds while the bank fills)
-        short = N + 1, Q - C + 1  # one conditioning frame, full recent rings
-        do(
-            "memory_attention",
-            ma,
-            [
-                ma_args(L, Q),
-                ma_args(1, 1),
-                ma_args(C + 2, 5),
-                ma_args(*short, *short),
-                ma_args(1, 1, 1, 1),
-                ma_args(2, 3, 3, 4),
-            ],
-            ["feat", "bank", "slot_tpos", "slot_valid", "ptrs", "ptr_tdiff", "ptr_valid"],
-            ["pix_feat"],
-            shrink={
-                "bank": (0, "slots"),
-                "slot_tpos": (0, "slots"),
-                "slot_valid": (0, "slots"),
-                "ptrs": (0, "pointers"),
-                "ptr_tdiff": (0, "pointers"),
-                "ptr_valid": (0, "pointers"),
-            },
-        )
-
-        de = DecoderGraph(net)
-        pts = torch.tensor([[[S * 0.3, S * 0.4], [S * 0.6, S * 0.7], [0.0, 0.0]]])
-        lbl = torch.tensor([[1, 0, -1]], dtype=torch.int32)
-        mprompt = (rnd(1, 1, S, S) > 0).to(torch.float32)
-        dec_args = [
-            (nomem, s0, s1, pts, lbl, torch.zeros(1, 1, S, S), torch.zeros(1)),
-            (
-                fmap,
-                s0,
-                s1,
-                torch.zeros(1, 1, 2),
-                -torch.ones(1, 1, dtype=torch.int32),
-                mprompt,
-                torch.ones(1),
-            ),
-        ]
-        dyn = {"points": {1: "K"}, "labels": {1: "K"}}
-        masks, _iou, _score, obj_ptrs = do(
-            "decoder",
-            de,
-            dec_args,
-            ["pix_feat", "feat_s0", "feat_s1", "points", "labels", "mask_prompt", "has_mask"],
-            ["low_res_masks", "iou", "object_score", "obj_ptrs"],
-            dyn,
-        )
-
-        me = MemoryEncoderGraph(net, family, S)
-        one = torch.ones(1)
-
-        def i64(v: int) -> Any:
-            return torch.tensor([v], dtype=torch.int64)
-
-        # Binarising (mask > 0) is only checked on a blocky mask prompt: upsampled random logits have pixels within
-        # 1e-6 of 0, where ONNX Runtime and PyTorch may round to different sides (a real but meaningless flip).
-        yy, xx = torch.meshgrid(torch.arange(S), torch.arange(S), indexing="ij")
-        blocks = (((yy // 16) + (xx // 16)) % 2).to(torch.float32)[None, None]
-        zero = torch.zeros(1)
-        me_args = [
-            (feat, masks, obj_ptrs, torch.tensor([[0.7]]), mprompt, i64(1), i64(1), zero, zero),
-            (feat, masks, obj_ptrs, torch.tensor([[-0.7]]), mprompt, i64(0), i64(0), zero, zero),
-            (feat, masks, obj_ptrs, torch.tensor([[0.7]]), blocks, i64(2), i64(3), one, one),
-        ]
-        do(
-            "memory_encoder",
-            me,
-            me_args,
-            [
-                "feat",
-                "low_res_masks",
-                "obj_ptrs",
-                "object_score",
-                "mask_prompt",
-                "plane",
-                "token",
-                "use_mask_prompt",
-                "binarize",
-            ],
-            ["maskmem", "obj_ptr"],
-            bf16=("maskmem",) if family.bank_bf16 else (),
-        )
-
-        md = net.mask_decoder
-        algorithm = {
-            "multimask_output_in_sam": bool(cfg.multimask_output_in_sam),
-            "multimask_output_for_tracking": bool(cfg.multimask_output_for_tracking),
-            "multimask_min_pt_num": int(cfg.multimask_min_pt_num),
-            "multimask_max_pt_num": int(cfg.multimask_max_pt_num),
-            "dynamic_multimask_via_stability": bool(md.dynamic_multimask_via_stability),
-            "stability_delta": float(md.dynamic_multimask_stability_delta),
-            "stability_thresh": float(md.dynamic_multimask_stability_thresh),
-            "batch_binarize": family.batch_binarize,
-            "max_cond_frame_num": max_cond,
-            "ptr_temporal_encoding": bool(cfg.enable_temporal_pos_encoding_for_object_pointers),
-            "no_obj_score": -1024.0,
-            "mask_prompt_scale": 20.0,
-            "mask_prompt_bias": -10.0,
-        }
-        vs_version = package_version()
-        import dataclasses
-
-        import onnx
-        import onnxruntime
-
-        manifest = Manifest(
-            family=family.name,
-            image_size=S,
-            mean=mean,
-            std=std,
-            grid=g,
-            hidden_dim=D,
-            mem_dim=M,  # type: ignore[arg-type]
-            tokens_per_slot=T,
-            mask_size=P,
-            cond_slots=C,
-            recent_slots=N,
-            pointer_slots=Q,
-            max_object_pointers=max_ptrs,
-            num_maskmem=int(cfg.num_maskmem),
-            algorithm=algorithm,
-            graphs=graphs,
-            dtype="float32",
-            opset=opset,
-            source={
-                "model": str(model),
-                "model_type": config_json.get("model_type"),
-                "class": family.model_class,
-                "trained_image_size": trained_size,
-                "parameters": int(sum(p.numel() for p in net.parameters())),
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-                "onnx": onnx.__version__,
-                "onnxruntime": onnxruntime.__version__,
-            },
-            verify=verify,
-            format_version=FORMAT_VERSION,
-            vostream_version=vs_version,
-        )
-        manifest.write(ref)
-        if fp16:
-            manifest = dataclasses.replace(manifest, dtype="float16-mixed")
-        if calib_clip is not None:
-            assert int8 is not None
-            manifest = _int8_from(ref, tmp, manifest, int8, calib_clip, prompts, threads, amct, say)
-        if compare_clip is not None:
-            manifest.write(tmp)
-            say(f"comparing with fp32 on {compare} ({len(compare_clip)} frames, side by side)")
-            label = manifest.dtype
-            report = _precision().compare_exports(
-                ref, {label: tmp}, compare, compare_clip, prompts, threads=threads, progress=say
-            )[label]
-            manifest = dataclasses.replace(manifest, verify={**manifest.verify, "compare": report})
-        manifest.write(tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        yield _Dirs(tmp, ref)
     except BaseException as exc:
         if staged is not None:  # a second signal meanwhile is ignored (_StopOnSignals)
             shutil.rmtree(staged, ignore_errors=True)
@@ -771,17 +691,322 @@ def export_model(
         if fp32_staged is not None:
             shutil.rmtree(fp32_staged, ignore_errors=True)
         stop.restore()
-    say(
-        f"wrote {out_dir} ({family.name}, {S}px, {precision}, C={C} N={N} Q={Q}) in {time.perf_counter() - t_start:.1f} s"
+
+
+class _GraphExporter:
+    """Steps 3 (export) and 4 (verify) of one graph at a time (:meth:`run`), recording what the manifest needs."""
+
+    def __init__(self, dirs: _Dirs, opset: int, fp16: bool, say: Callable[[str], None]) -> None:
+        self.dirs, self.opset, self.fp16, self.say = dirs, opset, fp16, say
+        self.graphs: dict[str, GraphSpec] = {}
+        self.verify: dict[str, dict[str, Any]] = {}
+
+    def run(self, job: _GraphJob) -> tuple[Tensor, ...]:
+        """Export ``job`` into ``ref``, verify it on every feed (and its fp16 copy in ``tmp``), record it; returns the
+        torch outputs of the first feed."""
+        t0 = time.perf_counter()
+        path = self.dirs.ref / f"{job.name}.onnx"
+        outs = _export_graph(job, path, self.opset)
+        diffs = _verify_graph(job, path, self.dirs.tmp / path.name if self.fp16 else None)
+        self.graphs[job.name] = GraphSpec(
+            job.name,
+            path.name,
+            _specs(job.inputs, job.feeds[0], job.dynamic),
+            _specs(job.outputs, outs, job.dynamic),
+            dict(job.shrink or {}),
+        )
+        self.verify[job.name] = {"max_abs_diff": diffs, "export_s": round(time.perf_counter() - t0, 2)}
+        self.say(
+            f"  {job.name}: exported and verified in {time.perf_counter() - t0:.1f} s "
+            f"(max |diff| {max(diffs.values()):.2g})"
+        )
+        return outs
+
+
+def _export_graph(job: _GraphJob, path: Path, opset: int) -> tuple[Tensor, ...]:
+    """Step 3 for one graph: ``job.module`` traced on its first feed into ``path``, identical constants shared;
+    returns the module's outputs on that feed."""
+    import torch
+
+    job.module.eval()
+    with torch.no_grad():
+        outs = job.module(*job.feeds[0])
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    with torch.no_grad():
+        axes = dict(job.dynamic or {})
+        for tname, (axis, symbol) in (job.shrink or {}).items():
+            axes.setdefault(tname, {})[axis] = symbol
+        _onnx_export(torch, job.module, job.feeds[0], path, job.inputs, job.outputs, opset, axes or None)
+    _dedupe_constants(path)
+    return outs
+
+
+def _verify_graph(job: _GraphJob, path: Path, fp16_path: Path | None) -> dict[str, float]:
+    """Step 4 for one graph: the ONNX file at ``path`` against ``job.module`` on every feed; with ``fp16_path``,
+    its fp16 conversion written there and checked instead (:data:`FP16_TOL`).  Returns max |diff| per output."""
+    import torch
+
+    diffs = _verify(job.name, path, job.module, job.feeds, job.inputs, job.outputs, torch, bf16=job.bf16)
+    if fp16_path is not None:
+        _to_fp16(path, fp16_path)
+        fp16_rel = {n: FP16_TOL for n in job.outputs}
+        diffs = _verify(
+            job.name, fp16_path, job.module, job.feeds, job.inputs, job.outputs, torch, fp16_rel, tol=FP16_TOL
+        )
+    return diffs
+
+
+class _RandomFeeds:
+    """Random test inputs, the same in every export (a generator seeded with 0, drawn from in a fixed order)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._torch = torch
+        self._gen = torch.Generator().manual_seed(0)
+
+    def __call__(self, *shape: int) -> Tensor:
+        return self._torch.randn(*shape, generator=self._gen)
+
+
+def _export_graphs(
+    ckpt: _Checkpoint, layout: _Layout, dirs: _Dirs, opset: int, fp16: bool, say: Callable[[str], None]
+) -> _Exported:
+    """Steps 3 and 4 for the four graphs, in the order their test feeds need: each is fed the previous ones' outputs."""
+    import torch
+
+    from vostream.apps.export.wrappers import MemoryAttentionGraph
+
+    net, S = ckpt.net, layout.image_size
+    exporter = _GraphExporter(dirs, opset, fp16, say)
+    rnd = _RandomFeeds()
+    s0, s1, feat, nomem, fmap = exporter.run(_image_encoder_job(net, S, rnd))
+    attention = MemoryAttentionGraph(net, ckpt.family, S, layout.key_slots, layout.pointer_slots)
+    tokens = int(attention.mem_pos.shape[0])
+    exporter.run(_memory_attention_job(attention, layout, tokens, feat, rnd))
+    mask_prompt = (rnd(1, 1, S, S) > 0).to(torch.float32)
+    masks, _iou, _score, obj_ptrs = exporter.run(_decoder_job(net, S, (nomem, fmap, s0, s1), mask_prompt))
+    exporter.run(_memory_encoder_job(ckpt, S, (feat, masks, obj_ptrs), mask_prompt))
+    return _Exported(exporter.graphs, exporter.verify, tokens)
+
+
+def _image_encoder_job(net: nn.Module, S: int, rnd: _RandomFeeds) -> _GraphJob:
+    from vostream.apps.export.wrappers import ImageEncoderGraph
+
+    module = ImageEncoderGraph(net)
+    images = [(rnd(1, 3, S, S),), (rnd(1, 3, S, S),)]
+    return _GraphJob(
+        "image_encoder", module, images, ["image"], ["feat_s0", "feat_s1", "feat", "feat_nomem", "feat_map"]
     )
+
+
+def _memory_attention_job(
+    module: nn.Module, layout: _Layout, T: int, feat: Tensor, rnd: _RandomFeeds
+) -> _GraphJob:
+    """Full, masked, and shorter views of the slot and pointer axes (what the session binds while the bank fills)."""
+    import torch
+
+    C, N, L, Q = layout.cond_slots, layout.recent_slots, layout.key_slots, layout.pointer_slots
+    D, M = layout.hidden_dim, layout.mem_dim
+
+    def feed(n_valid: int, n_ptr: int, slots: int = L, pointers: int = Q) -> Feed:
+        tpos = torch.tensor(([N] * C + list(range(N)))[L - slots :], dtype=torch.int64)
+        sv = torch.zeros(slots)
+        sv[:n_valid] = 1
+        pv = torch.zeros(pointers)
+        pv[:n_ptr] = 1
+        return (
+            feat,
+            rnd(slots, T, M),
+            tpos,
+            sv,
+            rnd(pointers, D),
+            torch.arange(1, pointers + 1, dtype=torch.float32),
+            pv,
+        )
+
+    short = N + 1, Q - C + 1  # one conditioning frame, full recent rings
+    return _GraphJob(
+        "memory_attention",
+        module,
+        [feed(L, Q), feed(1, 1), feed(C + 2, 5), feed(*short, *short), feed(1, 1, 1, 1), feed(2, 3, 3, 4)],
+        ["feat", "bank", "slot_tpos", "slot_valid", "ptrs", "ptr_tdiff", "ptr_valid"],
+        ["pix_feat"],
+        shrink={
+            "bank": (0, "slots"),
+            "slot_tpos": (0, "slots"),
+            "slot_valid": (0, "slots"),
+            "ptrs": (0, "pointers"),
+            "ptr_tdiff": (0, "pointers"),
+            "ptr_valid": (0, "pointers"),
+        },
+    )
+
+
+def _decoder_job(net: nn.Module, S: int, features: Feed, mask_prompt: Tensor) -> _GraphJob:
+    """Points (one positive, one negative, one padding) on the plain features; a mask prompt on the memory ones.
+    ``features``: the image encoder's ``feat_nomem``, ``feat_map``, ``feat_s0``, ``feat_s1``."""
+    import torch
+
+    from vostream.apps.export.wrappers import DecoderGraph
+
+    nomem, fmap, s0, s1 = features
+    module = DecoderGraph(net)
+    pts = torch.tensor([[[S * 0.3, S * 0.4], [S * 0.6, S * 0.7], [0.0, 0.0]]])
+    lbl = torch.tensor([[1, 0, -1]], dtype=torch.int32)
+    no_points = torch.zeros(1, 1, 2), -torch.ones(1, 1, dtype=torch.int32)
+    feeds = [
+        (nomem, s0, s1, pts, lbl, torch.zeros(1, 1, S, S), torch.zeros(1)),
+        (fmap, s0, s1, *no_points, mask_prompt, torch.ones(1)),
+    ]
+    return _GraphJob(
+        "decoder",
+        module,
+        feeds,
+        ["pix_feat", "feat_s0", "feat_s1", "points", "labels", "mask_prompt", "has_mask"],
+        ["low_res_masks", "iou", "object_score", "obj_ptrs"],
+        {"points": {1: "K"}, "labels": {1: "K"}},
+    )
+
+
+def _memory_encoder_job(ckpt: _Checkpoint, S: int, decoded: Feed, mask_prompt: Tensor) -> _GraphJob:
+    """Present and absent objects, on the random mask prompt and (binarised) on a blocky one.  ``decoded``: the
+    image encoder's ``feat`` and the decoder's ``low_res_masks`` and ``obj_ptrs``."""
+    import torch
+
+    from vostream.apps.export.wrappers import MemoryEncoderGraph
+
+    feat, masks, obj_ptrs = decoded
+    module = MemoryEncoderGraph(ckpt.net, ckpt.family, S)
+    one = torch.ones(1)
+
+    def i64(v: int) -> Tensor:
+        return torch.tensor([v], dtype=torch.int64)
+
+    # Binarising (mask > 0) is only checked on a blocky mask prompt: upsampled random logits have pixels within
+    # 1e-6 of 0, where ONNX Runtime and PyTorch may round to different sides (a real but meaningless flip).
+    yy, xx = torch.meshgrid(torch.arange(S), torch.arange(S), indexing="ij")
+    blocks = (((yy // 16) + (xx // 16)) % 2).to(torch.float32)[None, None]
+    zero = torch.zeros(1)
+    feeds = [
+        (feat, masks, obj_ptrs, torch.tensor([[0.7]]), mask_prompt, i64(1), i64(1), zero, zero),
+        (feat, masks, obj_ptrs, torch.tensor([[-0.7]]), mask_prompt, i64(0), i64(0), zero, zero),
+        (feat, masks, obj_ptrs, torch.tensor([[0.7]]), blocks, i64(2), i64(3), one, one),
+    ]
+    return _GraphJob(
+        "memory_encoder",
+        module,
+        feeds,
+        [
+            "feat",
+            "low_res_masks",
+            "obj_ptrs",
+            "object_score",
+            "mask_prompt",
+            "plane",
+            "token",
+            "use_mask_prompt",
+            "binarize",
+        ],
+        ["maskmem", "obj_ptr"],
+        bf16=("maskmem",) if ckpt.family.bank_bf16 else (),
+    )
+
+
+def _manifest(ckpt: _Checkpoint, layout: _Layout, exported: _Exported, opset: int) -> Manifest:
+    """Step 5: the fp32 export's manifest (the runtime's sizes, the session's algorithm settings, provenance)."""
+    import onnx
+    import onnxruntime
+
+    torch, transformers = _require_export_deps()
+    net, family = ckpt.net, ckpt.family
+    cfg, md = net.config, net.mask_decoder
+    algorithm = {
+        "multimask_output_in_sam": bool(cfg.multimask_output_in_sam),
+        "multimask_output_for_tracking": bool(cfg.multimask_output_for_tracking),
+        "multimask_min_pt_num": int(cfg.multimask_min_pt_num),
+        "multimask_max_pt_num": int(cfg.multimask_max_pt_num),
+        "dynamic_multimask_via_stability": bool(md.dynamic_multimask_via_stability),
+        "stability_delta": float(md.dynamic_multimask_stability_delta),
+        "stability_thresh": float(md.dynamic_multimask_stability_thresh),
+        "batch_binarize": family.batch_binarize,
+        "max_cond_frame_num": layout.max_cond,
+        "ptr_temporal_encoding": bool(cfg.enable_temporal_pos_encoding_for_object_pointers),
+        "no_obj_score": -1024.0,
+        "mask_prompt_scale": 20.0,
+        "mask_prompt_bias": -10.0,
+    }
+    return Manifest(
+        family=family.name,
+        image_size=layout.image_size,
+        mean=layout.mean,
+        std=layout.std,
+        grid=layout.grid,
+        hidden_dim=layout.hidden_dim,
+        mem_dim=layout.mem_dim,
+        tokens_per_slot=exported.tokens_per_slot,
+        mask_size=layout.mask_size,
+        cond_slots=layout.cond_slots,
+        recent_slots=layout.recent_slots,
+        pointer_slots=layout.pointer_slots,
+        max_object_pointers=layout.max_ptrs,
+        num_maskmem=int(cfg.num_maskmem),
+        algorithm=algorithm,
+        graphs=exported.graphs,
+        dtype="float32",
+        opset=opset,
+        source={
+            "model": str(ckpt.model),
+            "model_type": ckpt.config_json.get("model_type"),
+            "class": family.model_class,
+            "trained_image_size": ckpt.trained_size,
+            "parameters": int(sum(p.numel() for p in net.parameters())),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__,
+        },
+        verify=exported.verify,
+        format_version=FORMAT_VERSION,
+        vostream_version=package_version(),
+    )
+
+
+def _other_precision(
+    manifest: Manifest,
+    dirs: _Dirs,
+    request: _Request,
+    prompts: Sequence[Prompt],
+    threads: int | None,
+    amct: bool,
+    say: Callable[[str], None],
+) -> Manifest:
+    """The manifest of the precision asked for: fp32 as is; fp16 (graphs converted and verified in step 4)
+    relabelled; int8 quantized from the fp32 reference; with ``--compare``, measured against it."""
+    if request.precision == "fp16":
+        manifest = dataclasses.replace(manifest, dtype="float16-mixed")
+    if request.calib_clip is not None:
+        assert request.int8 is not None
+        manifest = _int8_from(
+            dirs.ref, dirs.tmp, manifest, request.int8, request.calib_clip, prompts, threads, amct, say
+        )
+    if request.compare is not None and request.compare_clip is not None:
+        from vostream.apps.export import precision as p  # imported on use: it needs onnxruntime
+
+        manifest.write(dirs.tmp)
+        say(f"comparing with fp32 on {request.compare} ({len(request.compare_clip)} frames, side by side)")
+        label = manifest.dtype
+        report = p.compare_exports(
+            dirs.ref,
+            {label: dirs.tmp},
+            request.compare,
+            request.compare_clip,
+            prompts,
+            threads=threads,
+            progress=say,
+        )[label]
+        manifest = dataclasses.replace(manifest, verify={**manifest.verify, "compare": report})
     return manifest
-
-
-def _precision() -> Any:
-    """``precision.py`` (imported on use: it needs onnxruntime)."""
-    from vostream.apps.export import precision
-
-    return precision
 
 
 def _int8_from(
@@ -797,9 +1022,8 @@ def _int8_from(
 ) -> Manifest:
     """The INT8 export in ``out`` from the verified fp32 export in ``ref`` (its ``manifest``): record the graphs'
     inputs while ``ref`` tracks ``frames`` from ``prompts``, quantize, check; with ``amct``, also ``out/amct/``."""
-    import dataclasses
+    from vostream.apps.export import precision as p  # imported on use: it needs onnxruntime
 
-    p = _precision()
     say(f"calibrating INT8 on {clip}: tracking {len(frames)} frames with the fp32 export")
     store = p.FeedStore(ref / "calibration")
     runs = p.record_calibration(ref, p.preprocess(frames, manifest), prompts, store, threads)

@@ -39,11 +39,15 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypedDict, cast
 
 from vostream.pipeline.errors import BackendError, ConfigError
 from vostream.stages.trackers.sam2.manifest import DTYPE_INT8, GraphSpec, Manifest, load_manifest
+
+if TYPE_CHECKING:
+    import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +322,35 @@ def keep_dtype_nodes(onnx_path: str | Path, graph: str) -> dict[str, list[str]]:
 
 
 # ------------------------------------------------------------------------------------------------ INT8 (AMCT)
-def write_amct_inputs(manifest: Manifest, fp32_dir: Path, store: Any, export_dir: Path) -> dict[str, Any]:
+class AmctInput(TypedDict):
+    """One input of a graph in ``amct/calibration.json``."""
+
+    name: str
+    #: the recorded runs' shape (the manifest's, with its axis labels, when none was recorded)
+    shape: list[int | str]
+    dtype: str
+    dir: str  # the input's .bin files, relative to the export
+
+
+class AmctGraph(TypedDict):
+    batch_num: int  # recorded runs given to AMCT
+    inputs: list[AmctInput]  # in the graph's input order
+    model: str  # the fp32 graph AMCT quantizes, relative to the export
+
+
+class AmctRecord(TypedDict):
+    """``amct/calibration.json``."""
+
+    graphs: dict[str, AmctGraph]
+
+
+class FeedSource(Protocol):
+    """Recorded graph inputs (:class:`~.precision.FeedStore`)."""
+
+    def feeds(self, graph: str) -> Iterable[dict[str, np.ndarray]]: ...
+
+
+def write_amct_inputs(manifest: Manifest, fp32_dir: Path, store: FeedSource, export_dir: Path) -> AmctRecord:
     """The inputs of the Ascend INT8 build, into ``export_dir/amct/``: the fp32 graphs (AMCT quantizes those), and
     per graph up to :data:`AMCT_MAX_BATCHES` recorded runs as raw ``.bin`` files, one directory per input
     (``calib/<graph>/<input>/00000.bin``: C order, the manifest's static shape and dtype; AMCT's ``--data_dir``
@@ -326,7 +358,7 @@ def write_amct_inputs(manifest: Manifest, fp32_dir: Path, store: Any, export_dir
     :class:`~.precision.FeedStore` of the calibration.  Writes and returns ``amct/calibration.json``."""
     root = Path(export_dir) / AMCT_DIR
     root.mkdir(parents=True, exist_ok=True)
-    record: dict[str, Any] = {"graphs": {}}
+    record: AmctRecord = {"graphs": {}}
     for name, g in manifest.graphs.items():
         shutil.copyfile(Path(fp32_dir) / g.file, root / g.file)
         feeds = list(store.feeds(name))
@@ -336,13 +368,13 @@ def write_amct_inputs(manifest: Manifest, fp32_dir: Path, store: Any, export_dir
         if len(chosen) > AMCT_MAX_BATCHES:
             step = len(chosen) / AMCT_MAX_BATCHES
             chosen = [chosen[int(i * step)] for i in range(AMCT_MAX_BATCHES)]
-        inputs = []
+        inputs: list[AmctInput] = []
         for t in g.inputs:
             d = root / "calib" / name / t.name
             d.mkdir(parents=True, exist_ok=True)
             for i, f in enumerate(chosen):
                 f[t.name].astype(t.dtype, copy=False).tofile(d / f"{i:05d}.bin")
-            shape = list(chosen[0][t.name].shape) if chosen else [d for d in t.shape]
+            shape: list[int | str] = list(chosen[0][t.name].shape) if chosen else list(t.shape)
             inputs.append(
                 {"name": t.name, "shape": shape, "dtype": t.dtype, "dir": f"{AMCT_DIR}/calib/{name}/{t.name}"}
             )
@@ -351,11 +383,11 @@ def write_amct_inputs(manifest: Manifest, fp32_dir: Path, store: Any, export_dir
     return record
 
 
-def read_amct_record(export_dir: Path, manifest: Manifest) -> dict[str, Any]:
+def read_amct_record(export_dir: Path, manifest: Manifest) -> AmctRecord:
     """``amct/calibration.json`` of an INT8 export, checked against ``manifest``; ``ConfigError`` when absent."""
     path = Path(export_dir) / AMCT_DIR / AMCT_RECORD
     try:
-        record = dict(json.loads(path.read_text()))
+        record = cast(AmctRecord, dict(json.loads(path.read_text())))
         graphs = dict(record["graphs"])
     except FileNotFoundError:
         raise ConfigError(
@@ -373,7 +405,7 @@ def read_amct_record(export_dir: Path, manifest: Manifest) -> dict[str, Any]:
 def amct_commands(
     manifest: Manifest,
     export_dir: str | Path,
-    record: Mapping[str, Any],
+    record: AmctRecord,
     *,
     save_dir: str | Path | None = None,
     amct: str = "amct_onnx",
@@ -508,6 +540,44 @@ def _produced_om(tmp: Path, stem: str) -> Path | None:
     return others[0] if len(others) == 1 else None
 
 
+class ConvertRecord(TypedDict):
+    """What :func:`convert_export` did (also written as ``atc_convert.json`` after a run)."""
+
+    soc_version: str
+    precision: str  # one of PRECISIONS
+    k_gears: list[int]
+    opset: int
+    script: str  # atc_convert.sh
+    keep_dtype: dict[str, str]  # graph -> <stem>.keep_dtype.cfg (fp16-mixed)
+    kept_ops: dict[str, dict[str, int]]  # graph -> op type -> nodes kept at the graph's precision
+    commands: list[list[str]]  # the ATC commands of the script (relative paths)
+    amct_commands: list[list[str]]  # INT8: the AMCT commands of the script
+    int8: bool
+    ran: bool
+    reason: str  # why not run
+    om: dict[str, str]  # graph -> produced .om file
+    seconds: dict[str, float]  # graph -> conversion time
+    warnings: list[str]
+    cann_version: str | None
+
+
+@dataclass(frozen=True)
+class _Conversion:
+    """What :func:`convert_export` converts: the export and the checked options."""
+
+    export_dir: Path
+    manifest: Manifest
+    soc: str
+    precision: str
+    gears: tuple[int, ...]
+    allow_unknown_soc: bool
+    amct_record: AmctRecord | None  # INT8 (built with AMCT first): amct/calibration.json
+
+    @property
+    def int8(self) -> bool:
+        return self.amct_record is not None
+
+
 def convert_export(
     manifest: Manifest | None,
     export_dir: str | Path,
@@ -521,7 +591,7 @@ def convert_export(
     amct: str = "amct_onnx",
     env: Mapping[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> ConvertRecord:
     """Write ``atc_convert.sh`` and the keep_dtype lists into ``export_dir``; run ATC when ``run`` is True, or when
     ``run`` is None and ``atc`` is found on ``PATH``.
 
@@ -536,7 +606,60 @@ def convert_export(
     script (and a run, which then also needs ``amct`` on ``PATH``) calibrates the fp32 graphs in ``amct/`` on the
     recorded inputs (``amct_commands``, record key ``amct_commands``) and compiles AMCT's deploy models."""
     say = progress or (lambda msg: logger.info("%s", msg))
-    export_dir = Path(export_dir)
+    conv, rel_cmds, rel_amct = _plan_conversion(
+        manifest, Path(export_dir), soc_version, precision, k_gears, allow_unknown_soc
+    )
+    record = _new_record(conv, rel_cmds, rel_amct)
+    if precision == "fp16-mixed":
+        _write_keep_dtype(conv, record)
+    m, export_dir = conv.manifest, conv.export_dir
+    _atomic_write(
+        export_dir / SCRIPT_NAME, _script(m, rel_cmds, conv.soc, precision, conv.gears, rel_amct), 0o755
+    )
+    say(f"wrote {export_dir / SCRIPT_NAME}")
+
+    path_var = (env or os.environ).get("PATH")
+    atc_path = shutil.which(atc, path=path_var)
+    amct_path = shutil.which(amct, path=path_var) if conv.int8 else None
+    absent = [t for t, p in ((atc, atc_path), (amct, amct_path if conv.int8 else "")) if p is None]
+    if run is False or (run is None and absent):
+        record["reason"] = (
+            "not requested (--no-run-atc)"
+            if run is False
+            else f"{' and '.join(map(repr, absent))} not on PATH (install CANN"
+            f"{' and AMCT' if amct in absent else ''} and source set_env.sh, then run {SCRIPT_NAME})"
+        )
+        for w in record["warnings"]:
+            logger.warning("%s", w)
+        return record
+    if absent:
+        raise ConfigError(
+            f"ATC requested but {' and '.join(map(repr, absent))} not on PATH: install the CANN toolkit"
+            f"{' and AMCT (amct_onnx)' if amct in absent else ''} and "
+            "'source /usr/local/Ascend/ascend-toolkit/set_env.sh' (or copy the export and run "
+            f"{SCRIPT_NAME} on the Ascend host)"
+        )
+    assert atc_path is not None
+    cann, _src = detect_cann_version(env)
+    record["cann_version"] = cann
+    record["warnings"] += check_opset(m.opset, cann)
+    for w in record["warnings"]:
+        logger.warning("%s", w)
+    _run_conversion(conv, record, atc_path, amct_path or amct, env, say)
+    record["ran"] = True
+    _atomic_write(export_dir / RECORD_NAME, json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def _plan_conversion(
+    manifest: Manifest | None,
+    export_dir: Path,
+    soc_version: str,
+    precision: str,
+    k_gears: Iterable[int],
+    allow_unknown_soc: bool,
+) -> tuple[_Conversion, list[list[str]], list[list[str]] | None]:
+    """The options checked, the export's files found; the script's ATC (and INT8: AMCT) commands."""
     m = manifest if manifest is not None else load_manifest(export_dir)
     soc = check_soc(soc_version, allow_unknown_soc)
     gears = check_gears(k_gears)
@@ -561,17 +684,24 @@ def convert_export(
         raise ConfigError(
             f"{export_dir}: graph file(s) missing: {', '.join(missing)}; re-run vostream export"
         )
-    record: dict[str, Any] = {
-        "soc_version": soc,
-        "precision": precision,
-        "k_gears": list(gears),
-        "opset": m.opset,
-        "script": str(export_dir / SCRIPT_NAME),
+    conv = _Conversion(export_dir, m, soc, precision, gears, allow_unknown_soc, amct_record)
+    return conv, rel_cmds, rel_amct
+
+
+def _new_record(
+    conv: _Conversion, rel_cmds: list[list[str]], rel_amct: list[list[str]] | None
+) -> ConvertRecord:
+    return {
+        "soc_version": conv.soc,
+        "precision": conv.precision,
+        "k_gears": list(conv.gears),
+        "opset": conv.manifest.opset,
+        "script": str(conv.export_dir / SCRIPT_NAME),
         "keep_dtype": {},
         "kept_ops": {},
         "commands": rel_cmds,
         "amct_commands": rel_amct or [],
-        "int8": int8,
+        "int8": conv.int8,
         "ran": False,
         "reason": "",
         "om": {},
@@ -579,84 +709,72 @@ def convert_export(
         "warnings": [],
         "cann_version": None,
     }
-    if precision == "fp16-mixed":
-        for name, g in m.graphs.items():
-            # INT8: the float ops of AMCT's deploy model keep the fp32 graph's node names
-            src = export_dir / AMCT_DIR / g.file if int8 else export_dir / g.file
-            nodes = keep_dtype_nodes(src, name)
-            unnamed = {k.split(":", 1)[1]: len(v) for k, v in nodes.items() if k.startswith("unnamed:")}
-            if unnamed:
-                record["warnings"].append(
-                    f"graph {name}: unnamed nodes cannot be kept in fp32 by name: "
-                    f"{unnamed}; they follow --precision_mode_v2=fp16"
-                )
-            path = keep_dtype_path(export_dir, g)
-            _atomic_write(path, _keep_dtype_text(name, nodes))
-            record["keep_dtype"][name] = str(path)
-            record["kept_ops"][name] = {k: len(v) for k, v in nodes.items() if not k.startswith("unnamed:")}
-    _atomic_write(export_dir / SCRIPT_NAME, _script(m, rel_cmds, soc, precision, gears, rel_amct), 0o755)
-    say(f"wrote {export_dir / SCRIPT_NAME}")
 
-    path_var = (env or os.environ).get("PATH")
-    atc_path = shutil.which(atc, path=path_var)
-    amct_path = shutil.which(amct, path=path_var) if int8 else None
-    absent = [t for t, p in ((atc, atc_path), (amct, amct_path if int8 else "")) if p is None]
-    if run is False or (run is None and absent):
-        record["reason"] = (
-            "not requested (--no-run-atc)"
-            if run is False
-            else f"{' and '.join(map(repr, absent))} not on PATH (install CANN"
-            f"{' and AMCT' if amct in absent else ''} and source set_env.sh, then run {SCRIPT_NAME})"
-        )
-        for w in record["warnings"]:
-            logger.warning("%s", w)
-        return record
-    if absent:
-        raise ConfigError(
-            f"ATC requested but {' and '.join(map(repr, absent))} not on PATH: install the CANN toolkit"
-            f"{' and AMCT (amct_onnx)' if amct in absent else ''} and "
-            "'source /usr/local/Ascend/ascend-toolkit/set_env.sh' (or copy the export and run "
-            f"{SCRIPT_NAME} on the Ascend host)"
-        )
-    assert atc_path is not None
-    cann, _src = detect_cann_version(env)
-    record["cann_version"] = cann
-    record["warnings"] += check_opset(m.opset, cann)
-    for w in record["warnings"]:
-        logger.warning("%s", w)
-    tmp = Path(tempfile.mkdtemp(prefix=".atc-", dir=export_dir.resolve()))  # absolute: ATC runs with cwd=tmp
+
+def _write_keep_dtype(conv: _Conversion, record: ConvertRecord) -> None:
+    """The fp16-mixed build's ``<graph>.keep_dtype.cfg`` files; recorded in ``record`` (unnamed nodes: a warning)."""
+    export_dir = conv.export_dir
+    for name, g in conv.manifest.graphs.items():
+        # INT8: the float ops of AMCT's deploy model keep the fp32 graph's node names
+        src = export_dir / AMCT_DIR / g.file if conv.int8 else export_dir / g.file
+        nodes = keep_dtype_nodes(src, name)
+        unnamed = {k.split(":", 1)[1]: len(v) for k, v in nodes.items() if k.startswith("unnamed:")}
+        if unnamed:
+            record["warnings"].append(
+                f"graph {name}: unnamed nodes cannot be kept in fp32 by name: "
+                f"{unnamed}; they follow --precision_mode_v2=fp16"
+            )
+        path = keep_dtype_path(export_dir, g)
+        _atomic_write(path, _keep_dtype_text(name, nodes))
+        record["keep_dtype"][name] = str(path)
+        record["kept_ops"][name] = {k: len(v) for k, v in nodes.items() if not k.startswith("unnamed:")}
+
+
+def _run_conversion(
+    conv: _Conversion,
+    record: ConvertRecord,
+    atc: str,
+    amct: str,
+    env: Mapping[str, str] | None,
+    say: Callable[[str], None],
+) -> None:
+    """Run the commands (absolute paths) in a temporary directory inside the export; move the ``.om`` files into
+    place only when every graph converted (recorded in ``record``).  The temporary directory is always removed."""
+    m, export_dir = conv.manifest, conv.export_dir.resolve()
+    tmp = Path(tempfile.mkdtemp(prefix=".atc-", dir=export_dir))  # absolute: ATC runs with cwd=tmp
     try:
         cmds = atc_commands(
             m,
-            export_dir.resolve(),
-            soc_version=soc,
-            precision=precision,
-            k_gears=gears,
+            export_dir,
+            soc_version=conv.soc,
+            precision=conv.precision,
+            k_gears=conv.gears,
             out_dir=tmp,
-            cfg_dir=export_dir.resolve(),
-            allow_unknown_soc=allow_unknown_soc,
-            atc=atc_path,
-            deploy_dir=tmp / AMCT_DIR if int8 else None,
+            cfg_dir=export_dir,
+            allow_unknown_soc=conv.allow_unknown_soc,
+            atc=atc,
+            deploy_dir=tmp / AMCT_DIR if conv.int8 else None,
         )
-        amct_run = (
-            amct_commands(
-                m, export_dir.resolve(), amct_record, save_dir=tmp / AMCT_DIR, amct=amct_path or amct
-            )
-            if amct_record is not None
+        amct_run: list[list[str]] = (
+            amct_commands(m, export_dir, conv.amct_record, save_dir=tmp / AMCT_DIR, amct=amct)
+            if conv.amct_record is not None
             else [[] for _ in m.graphs]
         )
         produced: dict[str, Path] = {}
         for (name, g), argv, amct_argv in zip(m.graphs.items(), cmds, amct_run):
             t0 = time.perf_counter()
             if amct_argv:
-                say(f"amct: calibrating {name} on {amct_record['graphs'][name]['batch_num']} recorded runs")  # type: ignore[index]
+                assert conv.amct_record is not None
+                say(
+                    f"amct: calibrating {name} on {conv.amct_record['graphs'][name]['batch_num']} recorded runs"
+                )
                 _run_one(name, amct_argv, tmp, say, env, tool="amct")
                 deploy = tmp / AMCT_DIR / (Path(g.file).stem + AMCT_DEPLOY_SUFFIX)
                 if not deploy.is_file():
                     raise BackendError(
                         f"amct for graph {name} exited 0 but wrote no {deploy.name} in {deploy.parent}"
                     )
-            say(f"atc: converting {name} ({g.file}) for {soc}")
+            say(f"atc: converting {name} ({g.file}) for {conv.soc}")
             _run_one(name, argv, tmp, say, env)
             om = _produced_om(tmp, Path(g.file).stem)
             if om is None:
@@ -666,14 +784,11 @@ def convert_export(
             produced[name] = om
             record["seconds"][name] = round(time.perf_counter() - t0, 2)
         for name, g in m.graphs.items():  # all converted: move them into place
-            dst = export_dir / f"{Path(g.file).stem}.om"
+            dst = conv.export_dir / f"{Path(g.file).stem}.om"
             os.replace(produced[name], dst)
             record["om"][name] = str(dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    record["ran"] = True
-    _atomic_write(export_dir / RECORD_NAME, json.dumps(record, indent=2) + "\n")
-    return record
 
 
 # ------------------------------------------------------------------------------------------------ CLI glue
@@ -718,7 +833,7 @@ def om_from_args(
     manifest: Manifest | None,
     export_dir: str | Path,
     progress: Callable[[str], None] | None = None,
-) -> dict[str, Any] | None:
+) -> ConvertRecord | None:
     """After ``vostream export``: convert when ``--om`` was given; returns the record (None without ``--om``)."""
     if not getattr(args, "om", False):
         return None
@@ -734,7 +849,7 @@ def om_from_args(
     )
 
 
-def describe(record: Mapping[str, Any]) -> str:
+def describe(record: ConvertRecord) -> str:
     """One summary line for a :func:`convert_export` record."""
     if record.get("ran"):
         precision = f"INT8 via AMCT + {record['precision']}" if record.get("int8") else record["precision"]
@@ -771,6 +886,7 @@ __all__ = [
     "AMCT_DEPLOY_SUFFIX",
     "AMCT_DIR",
     "AMCT_MAX_BATCHES",
+    "AmctRecord",
     "CANN_VERSION_NOTE",
     "DEFAULT_K_GEARS",
     "DEFAULT_SOC",
@@ -779,6 +895,7 @@ __all__ = [
     "PRECISIONS",
     "RECORD_NAME",
     "SCRIPT_NAME",
+    "ConvertRecord",
     "add_om_arguments",
     "amct_commands",
     "atc_commands",

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import lcm
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 from vostream.pipeline.errors import ConfigError
 
@@ -85,7 +88,7 @@ def family_for(model_type: str | None, where: str) -> Family:
         ) from None
 
 
-def image_size_step(config: Any, family: Family) -> int:
+def image_size_step(config: PretrainedConfig, family: Family) -> int:
     """Input sizes the checkpoint's networks accept are multiples of this (from the config, not hard-coded):
 
     * the top feature grid's stride (16 for Hiera and RepViT, 14 for the SAM 3 ViT);
@@ -111,7 +114,7 @@ def image_size_step(config: Any, family: Family) -> int:
     return step
 
 
-def resize_config(config: Any, family: Family, size: int) -> None:
+def resize_config(config: PretrainedConfig, family: Family, size: int) -> None:
     """Set a video-model config (in place) to run at ``size`` x ``size`` pixels: the image size everywhere it is
     kept, the three backbone feature grids (4g, 2g, g for the top grid g) and the memory attention's RoPE grid.
     :class:`ConfigError` when the networks cannot take that size."""

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,11 @@ from vostream.pipeline.types import Frame, Prompt
 from vostream.stages.trackers.sam2.backends.ort import OrtRuntime
 from vostream.stages.trackers.sam2.manifest import DTYPE_INT8, GRAPHS, Manifest
 from vostream.stages.trackers.sam2.runtime import DeviceBuffer
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+    from vostream.stages.trackers.sam2 import Sam2Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +239,7 @@ def record_calibration(
 
 
 # ------------------------------------------------------------------------------------------------ quantization
-def _session(path: Path | bytes, threads: int | None = 1, optimize: bool = True) -> Any:
+def _session(path: Path | bytes, threads: int | None = 1, optimize: bool = True) -> ort.InferenceSession:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -259,7 +264,7 @@ def select_nodes(path: Path, feed: dict[str, np.ndarray]) -> tuple[list[str], di
     graph = model.graph
     known = {i.name for i in graph.initializer} | {o.name for o in graph.output}
     feeds_in = {i.name for i in graph.input}
-    extra: list[Any] = []
+    extra: list[onnx.ValueInfoProto] = []
     for n in graph.node:
         t = n.input[0] if n.op_type in ("MatMul", "Gemm") else ""
         if t and t not in known and t not in feeds_in and t not in {e.name for e in extra}:
@@ -459,7 +464,7 @@ def compare_exports(
     if rounds < 1:
         raise ConfigError(f"rounds must be >= 1, got {rounds}")
     dirs = {"float32": Path(ref_dir), **{k: Path(v) for k, v in others.items()}}
-    trackers: dict[str, Any] = {}
+    trackers: dict[str, Sam2Tracker] = {}
     try:
         for label, d in dirs.items():
             trackers[label] = OnnxTracker(d, threads=threads)
