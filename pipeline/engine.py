@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, cast
 
@@ -418,11 +418,7 @@ class Pipeline:
             logger.info("pipeline '%s' has no stages and no sinks: items are read and discarded", self.name)
         if len(self._nodes) == 1:
             self._all_open.set()
-        runners: dict[str, Callable[[_Node], None]] = {
-            "source": self._run_source,
-            "stage": self._run_stage,
-            "sink": self._run_sink,
-        }
+        runners = {"source": self._run_source, "stage": self._run_stage, "sink": self._run_sink}
         for node in self._nodes:
             node.thread = threading.Thread(
                 target=runners[node.kind], args=(node,), daemon=True, name=f"vostream-{self.name}-{node.name}"
