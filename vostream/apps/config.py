@@ -197,6 +197,9 @@ def merge_settings(config: dict[str, Any] | None, cli: dict[str, Any]) -> TrackS
     s = TrackSettings()
     config = dict(config or {})
     base = config.pop("__base__", Path("."))
+    unknown = sorted(set(config) - _CONFIG_KEYS)
+    if unknown:  # a misspelt key would otherwise be ignored, and the run would use the default silently
+        raise ConfigError(f"unknown key(s) {unknown}; known keys: {sorted(_CONFIG_KEYS)}")
     for key, value in config.items():
         if key == "prompts":
             if isinstance(value, str):

@@ -11,7 +11,8 @@ Each stream is an ordinary track pipeline (``assemble.py``) whose tracker is a
 session (its own memory banks), and one :class:`~vostream.pipeline.scheduler.RoundRobinScheduler` thread runs the
 streams' frames in turn.  Streams are isolated: one that fails to start, fails or stalls is reported in its own
 ``summary.json`` and ``deploy-summary.json`` while the others go on.  SIGINT/SIGTERM stop every stream (outputs
-finalised), a second signal cancels them, a third leaves at once.
+finalised), a second signal cancels them (outputs still finalised, with what was written).  Each stream holds its
+``out`` as ``vostream track`` does: locked for the run, the previous run's files replaced.
 
 Hot reload (``docs/deploy.md`` §2): the tracker sits in a :class:`~vostream.stages.trackers.reload.ModelHandle`.
 SIGHUP (or :meth:`Deployment.reload`, or a new export in the model directory with ``watch = true``) re-reads the
@@ -23,6 +24,7 @@ in place (one log line, ``vostream_model_reload_failed_total``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -40,11 +42,12 @@ from vostream.apps.config import TRACKER_KEYS, TrackSettings, merge_settings, re
 from vostream.apps.live_prompts import PromptTimer
 from vostream.apps.model_watch import ModelWatcher
 from vostream.apps.prometheus import model_families, pipeline_families
-from vostream.apps.track import STOP_SIGNALS, build_track_pipeline, write_summary
+from vostream.apps.track import STOP_SIGNALS, build_track_pipeline, clear_previous_outputs, write_summary
 from vostream.pipeline.engine import Pipeline, RunReport
-from vostream.pipeline.errors import ConfigError, Interrupted, VostreamError, describe
+from vostream.pipeline.errors import ConfigError, OutputError, VostreamError, describe
 from vostream.pipeline.scheduler import RoundRobinScheduler
 from vostream.sinks.atomic import atomic_write_text
+from vostream.sinks.outdir import lock_output_dir
 from vostream.stages.trackers import Tracker, load_tracker
 from vostream.stages.trackers.reload import (
     SEED_MODES,
@@ -147,10 +150,35 @@ class StreamRun:
     exit_code: int = 0
 
 
+def _check_outs(path: str | Path, streams: dict[str, TrackSettings]) -> None:
+    """Every stream writes its own folder: two streams in one ``out`` would mix their masks, videos and
+    summaries."""
+    owner: dict[Path, str] = {}
+    for name, settings in streams.items():
+        if not settings.out:
+            continue
+        key = Path(settings.out).resolve()
+        if key in owner:
+            raise ConfigError(
+                f"{path}: streams {owner[key]!r} and {name!r} both write to {str(settings.out)!r}; give each stream "
+                "its own out"
+            )
+        owner[key] = name
+
+
 def load_deploy(path: str | Path) -> DeployConfig:
     """Read and check a deployment file.  Raises :class:`ConfigError` naming the stream and key at fault."""
     raw = read_toml(path, "deployment file")
     base = Path(path).resolve().parent
+    unknown = sorted(set(raw) - {"tracker", "metrics", "streams"})
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown key(s) or table(s) {unknown}; a deployment file has [tracker], [metrics] and "
+            "[[streams]]"
+        )
+    for key in ("tracker", "metrics"):
+        if not isinstance(raw.get(key, {}), dict):
+            raise ConfigError(f"{path}: '{key}' must be a table ([{key}]), got {raw[key]!r}")
     tracker = dict(raw.get("tracker") or {})
     backend = str(tracker.pop("backend", "classic"))
     workers = tracker.pop("workers", None)
@@ -173,6 +201,10 @@ def load_deploy(path: str | Path) -> DeployConfig:
     if "model" in options and isinstance(options["model"], str) and "://" not in options["model"]:
         options["model"] = str(base / options["model"])
     metrics = raw.get("metrics") or {}
+    if set(metrics) - {"port"}:
+        raise ConfigError(
+            f"{path}: unknown key(s) {sorted(set(metrics) - {'port'})} in [metrics]; it takes 'port'"
+        )
     port = metrics.get("port")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536):
         raise ConfigError(f"{path}: [metrics] port must be 0..65535, got {port!r}")
@@ -199,6 +231,7 @@ def load_deploy(path: str | Path) -> DeployConfig:
         except ConfigError as exc:
             raise ConfigError(f"{path}: stream {name!r}: {exc}") from None
         streams[name].quiet = True
+    _check_outs(path, streams)
     if (
         workers is None
     ):  # a CPU tracker's sessions share nothing: one worker per core; a device gets one thread
@@ -229,10 +262,16 @@ class Deployment:
         self._metrics_server: ThreadingHTTPServer | None = None
         self._watcher: ModelWatcher | None = None
         self._reloads: list[threading.Thread] = []
+        self._outputs = contextlib.ExitStack()  # the streams' output locks, held until wait() ends
+        self._stopping: bool | None = None  # None: running; True/False: stop() asked to drain / cancel
         self.started_at = 0.0
 
     def start(self) -> None:
-        """Load the tracker once and start every stream that can start (the others are recorded as failed)."""
+        """Listen for metrics, load the tracker once and start every stream that can start (the others are
+        recorded as failed).  A :meth:`stop` that came first (a signal during the tracker's load) stops each
+        stream as it starts."""
+        if self.config.metrics_port is not None:  # before anything runs: a port in use starts nothing
+            self._serve_metrics(self.config.metrics_port)
         if self.tracker is None:
             self.tracker = load_tracker(self.config.backend, **self.config.tracker_options)
         self.handle = ModelHandle(
@@ -247,17 +286,22 @@ class Deployment:
             try:
                 shared = SharedTracker(ReloadableTracker(self.handle, run.name), self.scheduler, run.name)
                 pipe, facts = build_track_pipeline(run.settings, tracker=shared)
+                if run.settings.out:  # as `vostream track`: the folder is this run's, the last run's files go
+                    self._outputs.enter_context(
+                        lock_output_dir(run.settings.out, f"vostream run ({run.name})")
+                    )
+                    clear_previous_outputs(run.settings.out)
                 run.pipeline, run.facts = pipe, facts
                 timed = facts.pop("timed_prompts", None)
                 pipe.start()
+                if self._stopping is not None:
+                    pipe.stop(drain=self._stopping)
                 if timed:
                     run.timer = PromptTimer(pipe.send_control, pipe.source, timed)  # type: ignore[arg-type]
                     run.timer.start()
             except VostreamError as exc:
                 run.error, run.exit_code = describe(exc), exc.exit_code
                 logger.error("stream %s did not start: %s", run.name, run.error)
-        if self.config.metrics_port is not None:
-            self._serve_metrics(self.config.metrics_port)
         if self.config.watch and self.config.model_dir is not None:
             self._watcher = ModelWatcher(self.config.model_dir, self.request_reload).start()
 
@@ -298,7 +342,9 @@ class Deployment:
         thread.start()
 
     def stop(self, drain: bool = True) -> None:
-        """Stop every stream (``drain``: finish what is queued; else cancel).  Safe from a signal handler."""
+        """Stop every stream (``drain``: finish what is queued; else cancel), also those not started yet.  Safe
+        from a signal handler."""
+        self._stopping = drain if self._stopping is None else self._stopping and drain
         for run in self.streams.values():
             if run.pipeline is not None:
                 if drain:
@@ -342,6 +388,7 @@ class Deployment:
                 self.tracker.close()
             for thread in self._reloads:
                 thread.join(10.0)  # a reload under way closes what it loaded once it sees the handle closed
+            self._outputs.close()
         return self.summary()
 
     def summary(self) -> DeploySummary:
@@ -415,7 +462,13 @@ class Deployment:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        try:
+            server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        except OSError as exc:
+            raise OutputError(
+                f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}; choose another "
+                "port (0 picks a free one)"
+            ) from None
         self.metrics_port = server.server_address[1]
         threading.Thread(target=server.serve_forever, name="vostream-metrics", daemon=True).start()
         self._metrics_server = server
@@ -461,10 +514,8 @@ def run_deploy(config: DeployConfig, quiet: bool = False) -> DeploySummary:
         count += 1
         if count == 1:
             deployment.stop(drain=True)
-        elif count == 2:
+        else:  # cancel: every stream closes its outputs with what it wrote, within a bounded time
             deployment.stop(drain=False)
-        else:
-            raise Interrupted("deployment interrupted three times; leaving without waiting for its streams")
 
     def reload_handler(signum: int, frame: object) -> None:
         logger.info("SIGHUP: reloading the model")
@@ -482,7 +533,12 @@ def run_deploy(config: DeployConfig, quiet: bool = False) -> DeploySummary:
     finally:
         if main:
             for s, h in previous.items():
-                signal.signal(s, h if h is not None else signal.SIG_DFL)
+                if (
+                    count and s in STOP_SIGNALS
+                ):  # stopped by a signal: a late one (a third Ctrl-C) changes nothing
+                    signal.signal(s, signal.SIG_IGN)
+                else:
+                    signal.signal(s, h if h is not None else signal.SIG_DFL)
     summary["signalled"] = count > 0
     if config.out is not None:
         atomic_write_text(config.out / "deploy-summary.json", json.dumps(summary, indent=1))
