@@ -112,7 +112,7 @@ def test_non_finite_trigger_and_unreadable_files(tmp_path: Path) -> None:
         load_live_prompts(inf)
     broken = tmp_path / "broken.json"
     broken.write_text('{"prompts": [')
-    with pytest.raises(PromptError, match="cannot be read as JSON"):
+    with pytest.raises(PromptError, match="invalid JSON at line 1"):
         load_live_prompts(broken)
     with pytest.raises(PromptError, match="no such file"):
         load_live_prompts(tmp_path / "missing.json")

@@ -26,14 +26,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from vostream.apps.userfiles import read_user_file
+from vostream.apps.userfiles import loads_toml, read_user_file
 from vostream.pipeline.errors import ConfigError
 from vostream.pipeline.stage import POLICIES
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover
-    import tomli as tomllib
+    pass
 
 SAVE_FORMATS = ("video", "png", "json", "mot")
 DEFAULT_SAVE = ("video", "json", "mot")
@@ -94,11 +94,10 @@ def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
     p = Path(path)
     raw = read_user_file(p, what)
     try:
-        return tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{what} {str(p)!r}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{what} {str(p)!r}: invalid TOML: {exc}") from None
+    return loads_toml(text, f"{what} {str(p)!r}")
 
 
 def load_config(path: str | Path) -> dict[str, Any]:

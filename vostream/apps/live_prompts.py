@@ -5,7 +5,6 @@ into a running pipeline (``docs/live.md``)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vostream.apps.prompts import prompts_from_dicts
-from vostream.apps.userfiles import read_user_file
+from vostream.apps.userfiles import loads_json, read_user_file
 from vostream.pipeline.errors import PromptError
 
 logger = logging.getLogger(__name__)
@@ -42,10 +41,7 @@ def load_live_prompts(path: str | os.PathLike[str]) -> tuple[list[Any], list[Tim
     raw = read_user_file(
         p, "prompts file", PromptError
     )  # a bounded, regular file (not /dev/zero, not a FIFO)
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise PromptError(f"prompts file {p!r}: cannot be read as JSON ({err})") from err
+    data = loads_json(raw, f"prompts file {p!r}", PromptError)
     entries = data.get("prompts") if isinstance(data, dict) else data
     if not isinstance(entries, list):
         raise PromptError(f'prompts file {p!r}: expected {{"prompts": [...]}}')

@@ -16,7 +16,6 @@ A bare list of entries is accepted too.  Coordinates are source pixels; ``labels
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from vostream.apps.userfiles import read_user_file
+from vostream.apps.userfiles import loads_json, read_user_file
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.types import MAX_OBJECTS, Prompt, check_obj_id
 from vostream.stages.trackers.prompting import starts_object
@@ -138,12 +137,7 @@ def load_prompts_file(path: str | Path) -> list[Any]:
     """Parse a prompts JSON file into prompts and remove messages, validated (see the module docstring)."""
     p = Path(path)
     text = read_prompts_text(p)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PromptError(
-            f"prompts file {str(p)!r}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
+    data = loads_json(text, f"prompts file {str(p)!r}", PromptError)
     entries = data.get("prompts") if isinstance(data, dict) else data
     if isinstance(data, dict) and set(data) - {"prompts"}:
         raise PromptError(

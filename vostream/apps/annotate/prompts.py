@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import math
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ import numpy as np
 
 from vostream.apps.annotate.inputs import VideoEntry, match_video
 from vostream.apps.prompts import read_prompts_text
+from vostream.apps.userfiles import loads_json
 from vostream.pipeline.errors import PromptError
 from vostream.pipeline.types import Prompt
 
@@ -69,12 +69,7 @@ def _parse_json(p: Path, text: str, entries: Sequence[VideoEntry]) -> dict[str, 
     from vostream.apps.prompts import prompts_from_dicts
 
     name = f"prompts file {str(p)!r}"
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PromptError(
-            f"{name}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
+    data = loads_json(text, name, PromptError)
     if not isinstance(data, dict) or not isinstance(data.get("videos"), list) or set(data) - {"videos"}:
         raise PromptError(
             f'{name}: expected {{"videos": [{{"video": PATH, "prompts": [...]}}, ...]}} '
