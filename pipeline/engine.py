@@ -35,6 +35,11 @@ logger = logging.getLogger(__name__)
 #: How often (seconds) a node refreshes its object's ``stats()`` into the metrics.
 STATS_EVERY_S = 0.25
 
+#: How long (seconds) a stop by a signal finishes the items in flight before it discards the rest: long enough for
+#: the few frames queued in an ordinary run, short where each frame is slow (hundreds of objects).  Outputs are
+#: final either way.
+STOP_DRAIN_S = 1.0
+
 #: Default byte budget of one pipeline's queues (``max_queue_bytes``), shared evenly by its edges.
 DEFAULT_MAX_QUEUE_BYTES = 256 * 1024 * 1024
 
@@ -310,6 +315,20 @@ def _raise(pipeline: str, error: tuple[_Node, BaseException, int | None] | None)
     raise StageError(node.name, f"{type(exc).__name__}: {exc}", index) from exc
 
 
+def _queue_control(stages: Sequence[_Node], message: object, lock: threading.Lock) -> ControlReceipt:
+    """Append ``message`` to every stage's controls (settled at once for a stage that has ended) and wake it."""
+    receipt = ControlReceipt(message, [n.name for n in stages])
+    for node in stages:
+        with lock:
+            if node.ended:
+                receipt._settle(node.name, delivered=False)
+                continue
+            node.controls.append((message, receipt))
+        assert node.inq is not None
+        node.inq.wake()
+    return receipt
+
+
 def _deliver_controls(node: _Node, stage: Stage[object, object], lock: threading.Lock) -> None:
     """Hand the node's queued control messages to ``stage.handle_control`` in order, settling each receipt."""
     if not node.controls:  # per-item fast path without the pipeline lock (a deque's length is atomic)
@@ -390,6 +409,7 @@ class Pipeline:
         self._cancel = False
         self._signalled = False
         self._natural_end = False
+        self._drain_until: float | None = None  # a drain that is not over by then becomes a cancel
         self._error: tuple[_Node, BaseException, int | None] | None = None
         self._started_at: float | None = None
         self._finished_at: float | None = None
@@ -466,12 +486,15 @@ class Pipeline:
         self.start()
         return self.wait()
 
-    def stop(self, drain: bool = True) -> None:
+    def stop(self, drain: bool = True, within_s: float | None = None) -> None:
         """End the run: the source stops; with ``drain`` every item in flight is finished (stages' ``finish()``
-        included), else queued items are discarded as by :meth:`cancel`.  Idempotent; only sets flags."""
+        included) -- for at most ``within_s`` seconds, then as by :meth:`cancel` -- else queued items are discarded
+        as by :meth:`cancel`.  Idempotent; only sets flags."""
         if not drain:
             self.cancel()
             return
+        if within_s is not None and self._drain_until is None:
+            self._drain_until = time.monotonic() + within_s
         self._stop = True
 
     def cancel(self) -> None:
@@ -483,16 +506,7 @@ class Pipeline:
     def send_control(self, message: object) -> ControlReceipt:
         """Queue ``message`` for every stage's ``handle_control``, delivered in that stage's thread before its
         next item (or while it waits for one).  Thread-safe; messages keep their order per stage."""
-        receipt = ControlReceipt(message, [n.name for n in self._stages])
-        for node in self._stages:
-            with self._lock:
-                if node.ended:
-                    receipt._settle(node.name, delivered=False)
-                    continue
-                node.controls.append((message, receipt))
-            assert node.inq is not None
-            node.inq.wake()
-        return receipt
+        return _queue_control(self._stages, message, self._lock)
 
     def metrics(self) -> MetricsSnapshot:
         """A live snapshot of every node's metrics (safe from any thread, any time)."""
@@ -710,6 +724,11 @@ class Pipeline:
         while any(t.is_alive() for t in threads):
             self._wake.wait(POLL_S)
             self._wake.clear()
+            if self._drain_until is not None and not self._cancel and time.monotonic() >= self._drain_until:
+                logger.warning(
+                    "pipeline '%s': still draining after the stop's time limit: cancelling", self.name
+                )
+                self._cancel = True
             if self._cancel and not cancelled:
                 cancelled = True
                 for n in self._nodes:
@@ -743,10 +762,13 @@ class Pipeline:
 
 @contextlib.contextmanager
 def handle_signals(
-    pipeline: Pipeline, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)
+    pipeline: Pipeline,
+    signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+    drain_s: float | None = STOP_DRAIN_S,
 ) -> Iterator[None]:
-    """Map the first SIGINT/SIGTERM to ``pipeline.stop(drain=True)``, the second to ``cancel()``, the third to an
-    immediate :class:`Interrupted` in the main thread; restore the previous handlers on exit.
+    """Map the first SIGINT/SIGTERM to ``pipeline.stop(drain=True, within_s=drain_s)``, the second to
+    ``cancel()``, the third to an immediate :class:`Interrupted` in the main thread; restore the previous handlers
+    on exit.
 
     Main thread only (Python's rule for signal handlers): elsewhere raises :class:`ConfigError`.
     """
@@ -767,7 +789,7 @@ def handle_signals(
         count += 1
         pipeline._signalled = True
         if count == 1:
-            pipeline.stop(drain=True)  # flags only: safe here
+            pipeline.stop(drain=True, within_s=drain_s)  # flags only: safe here
         elif count == 2:
             pipeline.cancel()
         else:

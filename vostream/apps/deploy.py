@@ -43,7 +43,7 @@ from vostream.apps.live_prompts import PromptTimer
 from vostream.apps.model_watch import ModelWatcher
 from vostream.apps.prometheus import model_families, pipeline_families
 from vostream.apps.track import STOP_SIGNALS, build_track_pipeline, clear_previous_outputs, write_summary
-from vostream.pipeline.engine import Pipeline, RunReport
+from vostream.pipeline.engine import STOP_DRAIN_S, Pipeline, RunReport
 from vostream.pipeline.errors import ConfigError, OutputError, VostreamError, describe
 from vostream.pipeline.scheduler import RoundRobinScheduler
 from vostream.sinks.atomic import atomic_write_text
@@ -295,7 +295,7 @@ class Deployment:
                 timed = facts.pop("timed_prompts", None)
                 pipe.start()
                 if self._stopping is not None:
-                    pipe.stop(drain=self._stopping)
+                    pipe.stop(drain=self._stopping, within_s=STOP_DRAIN_S)
                 if timed:
                     run.timer = PromptTimer(pipe.send_control, pipe.source, timed)  # type: ignore[arg-type]
                     run.timer.start()
@@ -348,7 +348,7 @@ class Deployment:
         for run in self.streams.values():
             if run.pipeline is not None:
                 if drain:
-                    run.pipeline.stop(drain=True)
+                    run.pipeline.stop(drain=True, within_s=STOP_DRAIN_S)
                 else:
                     run.pipeline.cancel()
 

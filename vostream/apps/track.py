@@ -343,10 +343,13 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary['frames']} frames in {summary['wall_s']:.2f} s ({summary['fps']:.1f} fps)"
         + (" — interrupted, outputs finalised" if summary["interrupted"] else "")
     ]
+    def ms(value: float | None) -> str:  # a node that handled no item has no latency
+        return f"{value:7.2f}" if value is not None else "      -"
+
     for node in summary["metrics"].get("nodes", []):
         lines.append(
-            f"  {node['name']:<22} {node['frames_out']:6d} frames  p50 {node['latency_ms_p50']:7.2f} ms  "
-            f"p95 {node['latency_ms_p95']:7.2f} ms  drops {node['drops']}"
+            f"  {node['name']:<22} {node['frames_out']:6d} frames  p50 {ms(node['latency_ms_p50'])} ms  "
+            f"p95 {ms(node['latency_ms_p95'])} ms  drops {node['drops']}"
         )
     lines += [f"warning: {w}" for w in run_warnings(summary["metrics"])]
     lines.append(f"outputs in {summary['out']}")
