@@ -9,12 +9,14 @@ SAM-2-family checkpoint into the ONNX export that ``--backend onnx --model DIR``
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from vostream.apps.config import PROVIDERS, TrackSettings
 from vostream.pipeline.errors import ConfigError, Interrupted, PromptError, VostreamError, describe
@@ -164,13 +166,62 @@ def prompts_from_tokens(tokens: Sequence[tuple[str, str, str]]) -> list[Prompt]:
     return out
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (not the whole usage) that points at ``--help``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+#: options whose values may start with a minus sign (a point or box partly outside the frame)
+_COORDINATE_OPTIONS = ("--point", "--neg", "--box")
+
+
+def _join_negative_values(argv: Sequence[str]) -> list[str]:
+    """``--point -5,-5`` as ``--point=-5,-5``: argparse would take ``-5,-5`` for an option and say the option
+    lacks its value, where the bounds check says what is wrong with the point."""
+    out: list[str] = []
+    it = iter(argv)
+    for token in it:
+        if token in _COORDINATE_OPTIONS:
+            value = next(it, None)
+            if value is not None and re.fullmatch(r"-[\d.].*", value):
+                out.append(f"{token}={value}")
+                continue
+            out.append(token)
+            if value is not None:
+                out.append(value)
+            continue
+        out.append(token)
+    return out
+
+
+def unrecognized(extra: Sequence[str], options: Iterable[str], argv: Sequence[str]) -> str:
+    """The error for arguments no option took, with a hint: the option meant by a misspelt one, or a point
+    written with a space after its comma."""
+    known = sorted(o for o in options if o.startswith("--"))
+    hints = []
+    for token in extra:
+        name = token.split("=", 1)[0]
+        if name.startswith("--"):
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hints.append(f"{name}: did you mean {close[0]}?" if close else f"{name}: no such option")
+        else:
+            before = argv[argv.index(token) - 1] if token in argv and argv.index(token) > 0 else ""
+            if before.endswith(","):
+                hints.append(f"'{before} {token}': write X,Y without a space ({before}{token})")
+    return "unrecognized argument(s) " + " ".join(extra) + (f"; {'; '.join(hints)}" if hints else "")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``vostream`` parser: one subcommand per application, each adding its own arguments."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="vostream", description="Streaming video object tracking: click an object, follow it with masks."
     )
     parser.add_argument("--version", action="version", version=f"vostream {package_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub: argparse._SubParsersAction[argparse.ArgumentParser] = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=_Parser
+    )
     _add_track_parser(sub)
     _add_demo_parser(sub)
     _add_export_parser(sub)
@@ -190,6 +241,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_parser(sub, _add_common)
     return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def _add_track_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -606,7 +664,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = _join_negative_values(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = getattr(args, "command", None)
+        sub = _subcommands(parser).get(command) if command else None
+        target = sub or parser
+        target.error(unrecognized(extra, target._option_string_actions, argv))
     if args.command is None:
         parser.print_help()
         return 2

@@ -343,6 +343,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary['frames']} frames in {summary['wall_s']:.2f} s ({summary['fps']:.1f} fps)"
         + (" — interrupted, outputs finalised" if summary["interrupted"] else "")
     ]
+
     def ms(value: float | None) -> str:  # a node that handled no item has no latency
         return f"{value:7.2f}" if value is not None else "      -"
 
