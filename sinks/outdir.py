@@ -95,7 +95,10 @@ def lock_output_dir(directory: str | os.PathLike[str], what: str = "vostream") -
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
-        fh.close()
+        # on a full disk the holder's description is still in the file's buffer and closing retries the write:
+        # the lock itself is released either way, and the run reports its own error, not this one
+        with contextlib.suppress(OSError):
+            fh.close()
 
 
 def previous_track_outputs(directory: str | os.PathLike[str]) -> list[Path]:

@@ -17,6 +17,7 @@ A bare list of entries is accepted too.  Coordinates are source pixels; ``labels
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,16 +54,34 @@ def _numbers(text: str, n: int, option: str) -> list[float]:
     return vals
 
 
+#: The largest mask image read (an 8K frame is 33 megapixels): a small PNG can declare billions of pixels.
+MAX_MASK_PIXELS = 64_000_000
+
+
 def load_mask_png(path: str | Path) -> np.ndarray:
     """A boolean mask from a PNG (non-zero pixels, any mode)."""
     from PIL import Image, UnidentifiedImageError
 
     p = Path(path)
     try:
-        with Image.open(p) as im:
+        with warnings.catch_warnings():  # Pillow's warning for a large image: our own check below says it
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(p)  # reads the header only: the size is known before any pixel is decoded
+        with im:
+            w, h = im.size
+            if w * h > MAX_MASK_PIXELS:
+                raise PromptError(
+                    f"mask prompt {str(p)!r}: {w}x{h} is larger than any video frame (at most "
+                    f"{MAX_MASK_PIXELS // 1_000_000} megapixels); give a mask the size of the frame"
+                )
             arr = np.asarray(im.convert("L") if im.mode not in ("L", "P", "1", "I", "I;16") else im)
     except FileNotFoundError:
         raise PromptError(f"mask prompt {str(p)!r}: no such file") from None
+    except Image.DecompressionBombError:  # Pillow's own limit, checked when the header is read
+        raise PromptError(
+            f"mask prompt {str(p)!r}: larger than any video frame (at most {MAX_MASK_PIXELS // 1_000_000} "
+            "megapixels); give a mask the size of the frame"
+        ) from None
     except (UnidentifiedImageError, OSError) as exc:
         raise PromptError(f"mask prompt {str(p)!r}: not a readable image ({exc})") from exc
     mask: np.ndarray = np.asarray(arr.any(axis=2) if arr.ndim == 3 else arr != 0, dtype=bool)

@@ -43,6 +43,10 @@ logger = logging.getLogger(__name__)
 
 def _prepare_out_dir(out: str) -> Path:
     path = Path(out)
+    if path.exists() and not path.is_dir():  # mkdir would say "File exists", which reads as a clash of runs
+        raise OutputError(
+            f"output path {out!r} is a file, not a folder; give --out a folder (new or existing)"
+        )
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
