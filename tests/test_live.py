@@ -196,7 +196,7 @@ def test_v4l2_options_without_a_device(monkeypatch: pytest.MonkeyPatch) -> None:
         calls.append({"uri": uri, **kwargs})
         raise OSError(errno.EBUSY, "Device or resource busy")
 
-    monkeypatch.setattr(live.os.path, "exists", lambda p: True)
+    monkeypatch.setattr("os.path.exists", lambda p: True)
     monkeypatch.setattr(live.av, "open", fake_open)
     busy = LiveSource("/dev/video0", video_size="640x480", framerate=15, input_format="mjpeg")
     with pytest.raises(SourceError, match="camera /dev/video0 is busy: another program"):

@@ -14,24 +14,22 @@ Frame indices stay honest across drops and reconnects (``docs/live.md``): within
 media time (``pts`` × fps); after a reconnect it advances by the wall-clock gap × fps, so a tracker sees how far
 the scene moved while the feed was down.
 
+Connecting (URIs, FFmpeg options, opening the container, the one-line errors) is
+:mod:`~vostream.stages.sources.live_connection`'s part; this module delivers the frames.
+
 Threading: one thread calls ``open``/``read``/``close``; :meth:`LiveSource.interrupt` may be called from any
 thread and makes a blocked ``read`` return ``None`` within the read timeout (a backoff wait ends at once).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
-import os
-import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING
 
 import av
 
@@ -44,126 +42,21 @@ from vostream.pipeline.reconnect import (
 from vostream.pipeline.stage import Source
 from vostream.pipeline.types import Frame
 from vostream.stages.sources.file import to_rgb
-
-if TYPE_CHECKING:
-    from av.container import InputContainer
-    from av.video.stream import VideoStream
+from vostream.stages.sources.live_connection import (
+    TRANSPORTS,
+    Connection,
+    camera_path,
+    close_quietly,
+    connect,
+    is_timeout,
+    live_kind,
+    one_line,
+    open_options,
+    redact,
+    v4l2_options,
+)
 
 logger = logging.getLogger(__name__)
-
-TRANSPORTS = ("tcp", "udp")
-
-
-# -- URIs and options ------------------------------------------------------------------------------------------
-
-_SIZE = re.compile(r"^\d+x\d+$")
-
-
-def live_kind(uri: str) -> str:
-    """``"rtsp"``, ``"http"``, ``"v4l2"`` or ``"stream"`` (rtmp, udp, tcp, srt: opened with defaults)."""
-    low = uri.lower()
-    if low.startswith(("rtsp://", "rtsps://")):
-        return "rtsp"
-    if low.startswith(("http://", "https://")):
-        return "http"
-    if low.startswith("/dev/video") or uri.isdigit():
-        return "v4l2"
-    return "stream"
-
-
-def camera_path(uri: str) -> str:
-    """``"0"`` → ``"/dev/video0"``; a ``/dev/video*`` path unchanged."""
-    return f"/dev/video{int(uri)}" if uri.isdigit() else uri
-
-
-def v4l2_options(
-    video_size: str | None = None,
-    framerate: float | str | None = None,
-    input_format: str | None = None,
-    pixel_format: str | None = None,
-) -> dict[str, str]:
-    """FFmpeg ``v4l2`` demuxer options for a camera; checked here so that a typo fails before the device opens.
-
-    ``video_size`` ``"1280x720"``; ``framerate`` a positive number; ``input_format`` a compressed format such as
-    ``"mjpeg"`` or ``"h264"``; ``pixel_format`` a raw one such as ``"yuyv422"``.  Raises :class:`ConfigError`."""
-    opts: dict[str, str] = {}
-    if video_size is not None:
-        if not _SIZE.match(str(video_size)) or min(int(v) for v in str(video_size).split("x")) <= 0:
-            raise ConfigError(f"camera video_size must look like 1280x720, got {video_size!r}")
-        opts["video_size"] = str(video_size)
-    if framerate is not None:
-        try:
-            rate = float(framerate)
-        except (TypeError, ValueError):
-            rate = math.nan
-        if not (rate > 0 and math.isfinite(rate)):
-            raise ConfigError(f"camera framerate must be a positive number, got {framerate!r}")
-        opts["framerate"] = f"{rate:g}"
-    for key, value in (("input_format", input_format), ("pixel_format", pixel_format)):
-        if value is not None:
-            if not re.match(r"^[a-z0-9_]+$", str(value)):
-                raise ConfigError(
-                    f"camera {key} must be an FFmpeg format name such as mjpeg or yuyv422, got {value!r}"
-                )
-            opts[key] = str(value)
-    return opts
-
-
-def open_options(
-    kind: str, *, transport: str = "tcp", read_timeout: float = 3.0, extra: dict[str, str] | None = None
-) -> dict[str, str]:
-    """The FFmpeg options for a live feed of ``kind``: low-latency probing plus socket I/O timeouts.
-
-    RTSP: ``rtsp_transport`` (tcp | udp), ``timeout`` (µs, socket I/O), ``flags=low_delay``, a small
-    ``probesize`` and ``analyzeduration=0`` (open as soon as the codec parameters are known).  ``fflags=nobuffer``
-    is *not* set: it discards the packets read while probing, i.e. the first keyframe.  HTTP: ``timeout`` (µs)
-    too.  ``extra`` overrides anything."""
-    if transport not in TRANSPORTS:
-        raise ConfigError(f"rtsp transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
-    opts: dict[str, str] = {}
-    if kind in ("rtsp", "http", "stream"):
-        # fpsprobesize=0: do not hold the open back to count frames for a rate estimate (the stream's declared
-        # rate, e.g. H.264 VUI timing, is used; else the fps option or 25): the open takes ~0.3 s instead of ~1 s.
-        opts.update({"flags": "low_delay", "probesize": "32768", "analyzeduration": "0", "fpsprobesize": "0"})
-    if kind == "rtsp":
-        opts.update({"rtsp_transport": transport, "timeout": str(int(read_timeout * 1e6))})
-    elif kind == "http":
-        opts["timeout"] = str(int(read_timeout * 1e6))
-    opts.update(extra or {})
-    return opts
-
-
-def _one_line(err: BaseException) -> str:
-    text = getattr(err, "strerror", None) or str(err)
-    lines = str(text).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
-
-
-def _is_timeout(err: BaseException) -> bool:
-    return (
-        isinstance(err, (av.error.ExitError, TimeoutError)) or getattr(err, "errno", None) == errno.ETIMEDOUT
-    )
-
-
-# -- the source ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Connection:
-    """One open container and what the index rule needs about it."""
-
-    container: InputContainer
-    stream: VideoStream
-    packets: Iterator[av.Packet]
-    pending: list[av.VideoFrame] = field(default_factory=list)  # decoded av frames not yet delivered
-    base_index: int = 0  # index of the connection's first frame
-    ref_pts: int | None = None  # first pts seen on this connection ...
-    ref_index: int = 0  # ... and the index it got
-    frames: int = 0
-    min_offset: float | None = (
-        None  # smallest (wall clock - media time) of a packet: the stream's clock origin
-    )
-    catching_up: bool = False  # packets are skipped (not decoded) until a keyframe that is not late
 
 
 class LiveSource(Source[Frame]):
@@ -235,14 +128,14 @@ class LiveSource(Source[Frame]):
         self.max_frames = max_frames
         self.nominal_fps = float(fps) if fps else None
         self.fps = self.nominal_fps or 0.0
-        self.source_id = source_id or _redact(self.uri)
+        self.source_id = source_id or redact(self.uri)
         self.name = "decode"
         self.width = 0
         self.height = 0
         self.clock = clock
-        self.supervisor = SourceSupervisor(reconnect or LIVE_RECONNECT, name=_redact(self.uri), clock=clock)
+        self.supervisor = SourceSupervisor(reconnect or LIVE_RECONNECT, name=redact(self.uri), clock=clock)
         self._stop = threading.Event()
-        self._conn: _Connection | None = None
+        self._conn: Connection | None = None
         self._first: Frame | None = None  # decoded by open(), delivered by the first read()
         self._delivered = 0
         self._corrupt = 0
@@ -261,63 +154,21 @@ class LiveSource(Source[Frame]):
         self._opened = False
         self._closed = False
 
-    # -- connecting --------------------------------------------------------------------------------------------
-    def _connect(self) -> _Connection:
-        """One attempt: open the container, pick the video stream.  Raises :class:`SourceError`."""
-        if self.kind == "v4l2":
-            if not os.path.exists(self.uri):
-                raise SourceError(
-                    f"no camera at {self.uri}: the device does not exist; check it is plugged in "
-                    f"(ls /dev/video*)"
-                )
-        try:
-            container = av.open(
-                self.uri,
-                format="v4l2" if self.kind == "v4l2" else None,
-                options=self.options,
-                timeout=(self.open_timeout, self.read_timeout),
-            )
-        except Exception as err:  # noqa: BLE001 - every PyAV/OS failure becomes one SourceError line
-            raise SourceError(self._connect_message(err)) from err
-        try:
-            if not container.streams.video:
-                raise SourceError(
-                    f"{self.source_id} has no video stream; check the URL points at a video feed"
-                )
-            stream = container.streams.video[0]
-            stream.thread_type = "SLICE"  # frame threading would add a frame of latency per thread
-            rate = stream.average_rate or stream.guessed_rate
-            if self.nominal_fps is None and rate and 1 <= float(rate) <= 240:  # else a time base, not a rate
-                self.fps = float(rate)
-            packets = container.demux(stream)
-        except BaseException:
-            container.close()
-            raise
-        return _Connection(container, stream, packets)
-
-    def _connect_message(self, err: BaseException) -> str:
-        code = getattr(err, "errno", None)
-        what = _one_line(err)
-        if self.kind == "v4l2":
-            if code == errno.EBUSY:
-                return f"camera {self.uri} is busy: another program is using it; close that program (fuser {self.uri})"
-            if code in (errno.EACCES, errno.EPERM):
-                return f"no permission to open camera {self.uri}; add your user to the 'video' group"
-            if code == errno.ENOENT:
-                return f"no camera at {self.uri}: the device does not exist; check it is plugged in (ls /dev/video*)"
-            return (
-                f"cannot open camera {self.uri}: {what}; check it is a V4L2 capture device and that "
-                f"video_size/framerate/input_format are modes it supports (v4l2-ctl --list-formats-ext)"
-            )
-        if _is_timeout(err):
-            return (
-                f"cannot connect to {self.source_id}: no answer within {self.open_timeout:g} s; check the host, "
-                f"port and path, and that the camera/server is up"
-            )
-        hint = "check the host, port, path and credentials"
-        if self.kind == "rtsp" and self.transport == "udp":
-            hint += ", or try --rtsp-transport tcp (UDP is often blocked by firewalls)"
-        return f"cannot connect to {self.source_id}: {what}; {hint}"
+    def _connect(self) -> Connection:
+        """One attempt (:func:`~.live_connection.connect`); the stream's declared rate becomes ``fps`` unless one
+        was given.  Raises :class:`SourceError`."""
+        conn = connect(
+            self.uri,
+            self.kind,
+            options=self.options,
+            open_timeout=self.open_timeout,
+            read_timeout=self.read_timeout,
+            source_id=self.source_id,
+            transport=self.transport,
+        )
+        if self.nominal_fps is None and conn.rate is not None:
+            self.fps = conn.rate
+        return conn
 
     def _connect_with_retries(self, first: bool) -> bool:
         """Connect, retrying with backoff (unless it is the first connection and not ``wait_first``).  False when
@@ -333,7 +184,7 @@ class LiveSource(Source[Frame]):
                 try:
                     frame = self._next_frame(conn, first_of_connection=True)
                 except _Lost:  # interrupted while waiting for the first frame
-                    _close_quietly(conn.container)
+                    close_quietly(conn.container)
                     return False
             except SourceError as err:
                 if first and not self.wait_first:
@@ -359,7 +210,7 @@ class LiveSource(Source[Frame]):
         return False
 
     # -- decoding ----------------------------------------------------------------------------------------------
-    def _next_frame(self, conn: _Connection, first_of_connection: bool = False) -> Frame:
+    def _next_frame(self, conn: Connection, first_of_connection: bool = False) -> Frame:
         """The next decoded frame of ``conn``.  Raises :class:`_Lost` (or :class:`SourceError` for the first
         frame of a connection) when the feed ends, errors or stalls."""
         while not conn.pending:
@@ -372,11 +223,11 @@ class LiveSource(Source[Frame]):
             except Exception as err:  # noqa: BLE001 - ExitError (read timeout), OSError, FFmpegError
                 if self._stop.is_set():
                     raise _Lost("stopped") from err
-                if _is_timeout(err):
+                if is_timeout(err):
                     raise self._lost(
                         conn, f"no packets for {self.read_timeout:g} s", first_of_connection, stalled=True
                     ) from err
-                raise self._lost(conn, f"read error: {_one_line(err)}", first_of_connection) from err
+                raise self._lost(conn, f"read error: {one_line(err)}", first_of_connection) from err
             lag = self._lag_of(conn, packet)
             if self.max_lag is not None and not first_of_connection and conn.frames:
                 if not conn.catching_up and lag > self.max_lag:
@@ -399,11 +250,11 @@ class LiveSource(Source[Frame]):
             except av.error.FFmpegError as err:
                 if packet.size:
                     self._corrupt += 1
-                    logger.debug("%s: skipped a corrupt packet: %s", self.source_id, _one_line(err))
+                    logger.debug("%s: skipped a corrupt packet: %s", self.source_id, one_line(err))
         av_frame = conn.pending.pop(0)
         return self._make_frame(conn, av_frame)
 
-    def _lag_of(self, conn: _Connection, packet: av.Packet) -> float:
+    def _lag_of(self, conn: Connection, packet: av.Packet) -> float:
         """How far behind the stream's own clock ``packet`` is read: (wall clock − media time) minus the smallest
         such offset on this connection (the least delayed packet sets the clock's origin).  A decoder or a reader
         slower than the feed makes it grow, whatever the frame ages downstream of the decoder say."""
@@ -418,14 +269,14 @@ class LiveSource(Source[Frame]):
         return lag
 
     def _lost(
-        self, conn: _Connection, reason: str, first_of_connection: bool, stalled: bool = False
+        self, conn: Connection, reason: str, first_of_connection: bool, stalled: bool = False
     ) -> Exception:
         if first_of_connection:
-            _close_quietly(conn.container)
+            close_quietly(conn.container)
             return SourceError(f"{self.source_id}: connected but got no frame ({reason})")
         return _Lost(reason, stalled)
 
-    def _make_frame(self, conn: _Connection, av_frame: av.VideoFrame) -> Frame:
+    def _make_frame(self, conn: Connection, av_frame: av.VideoFrame) -> Frame:
         now = self.clock()
         fps = self.fps or 25.0
         if conn.frames == 0:
@@ -512,7 +363,7 @@ class LiveSource(Source[Frame]):
             try:
                 frame = self._next_frame(self._conn)
             except _Lost as lost:
-                _close_quietly(self._conn.container)
+                close_quietly(self._conn.container)
                 self._conn = None
                 if self._stop.is_set():
                     break
@@ -536,7 +387,7 @@ class LiveSource(Source[Frame]):
         self._closed = True
         self._first = None
         if self._conn is not None:
-            _close_quietly(self._conn.container)
+            close_quietly(self._conn.container)
             self._conn = None
         if self.supervisor.state:
             self.supervisor.end("closed")
@@ -588,18 +439,6 @@ class _Lost(Exception):
         super().__init__(reason)
         self.reason = reason
         self.stalled = stalled
-
-
-def _close_quietly(container: InputContainer) -> None:
-    try:
-        container.close()
-    except Exception as err:  # noqa: BLE001 - closing a dead connection may fail; nothing to do about it
-        logger.debug("closing a live container failed: %s", err)
-
-
-def _redact(uri: str) -> str:
-    """``uri`` without a password (``rtsp://user:pass@host`` → ``rtsp://user:***@host``), for logs and ids."""
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", uri)
 
 
 #: ``open_live(uri, ...)`` is :class:`LiveSource`'s constructor: its options are explicit keyword-only

@@ -10,7 +10,6 @@ their IoU and the object score.  Rules and the places we differ from the referen
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -23,54 +22,10 @@ from vostream.pipeline.types import Frame, Prompt, TrackResult
 from ..base import MAX_POINTS, StepAborted, TrackerSession
 from ..prompting import PromptBook
 from .manifest import Manifest
+from .prompt_input import ModelInput, model_input, resize_aa
 from .runtime import DeviceBuffer, Runtime, TransferStats
 
 logger = logging.getLogger(__name__)
-
-
-@functools.lru_cache(maxsize=64)
-def _aa_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
-    """The weights of PyTorch's ``interpolate(mode="bilinear", align_corners=False, antialias=True)`` along one axis
-    (for an upsample this is plain bilinear), as taps: output ``i`` is ``sum_k weight[i, k] * input[index[i, k]]``
-    (``index``, ``weight``: (n_out, K); unused taps have weight 0).  Cached per size pair."""
-    scale = n_in / n_out
-    support = max(scale, 1.0)
-    rows: list[tuple[int, np.ndarray]] = []
-    for i in range(n_out):
-        center = scale * (i + 0.5)
-        lo = max(int(center - support + 0.5), 0)
-        hi = min(int(center + support + 0.5), n_in)
-        j = np.arange(lo, hi)
-        k = np.maximum(0.0, 1.0 - np.abs((j - center + 0.5) / support))
-        total = k.sum()
-        rows.append((lo, k / total if total > 0 else np.zeros_like(k)))
-    taps = max(1, max(len(k) for _, k in rows))
-    index = np.zeros((n_out, taps), np.intp)
-    weight = np.zeros((n_out, taps), np.float64)
-    for i, (lo, k) in enumerate(rows):
-        index[i, : len(k)] = np.arange(lo, lo + len(k))
-        weight[i, : len(k)] = k
-    index.flags.writeable = weight.flags.writeable = False
-    return index, weight
-
-
-def resize_aa(x: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Resize a 2-D float array like PyTorch's antialiased bilinear interpolate (float32 result).
-
-    Separable and banded: each output pixel sums a few taps per axis (float64), so the cost is ``taps x output``
-    rather than the dense ``height x H x W`` matrix product, and no BLAS thread pool is involved (a dense product
-    through a multi-threaded BLAS took 25-30 ms for a 96x160 -> 128x128 mask when the cores were busy tracking,
-    1.4 ms on one thread: this runs for every mask prompt, including a hot reload's)."""
-    x = np.asarray(x, np.float64)
-    iy, wy = _aa_taps(x.shape[0], height)
-    ix, wx = _aa_taps(x.shape[1], width)
-    rows = np.zeros((height, x.shape[1]), np.float64)
-    for k in range(iy.shape[1]):
-        rows += wy[:, k, None] * x[iy[:, k], :]
-    out = np.zeros((height, width), np.float64)
-    for k in range(ix.shape[1]):
-        out += rows[:, ix[:, k]] * wx[None, :, k]
-    return out.astype(np.float32)
 
 
 @dataclass
@@ -85,21 +40,80 @@ class _Object:
 
 
 @dataclass
-class _Input:
-    """Prompts of one object for the current frame, in model pixels."""
-
-    points: np.ndarray  # (K, 2) float32
-    labels: np.ndarray  # (K,) int32: 1, 0, 2/3 box corners
-    mask: np.ndarray | None = None  # (S, S) float32 0/1
-    n_points: int = 0  # what the multimask rule counts
-
-
-@dataclass
 class Sam2Stats:
     frames: int = 0
     cond_frames: int = 0
     evicted_cond: int = 0
     attended_slots: int = 0  # memory slots bound over all memory-attention runs (C + N each, unless views)
+
+
+def _scratch(rt: Runtime, m: Manifest) -> dict[str, DeviceBuffer]:
+    """A session's scratch buffers (graph I/O other than the bank and pointers), allocated once."""
+    S, g, D, P = m.image_size, m.grid, m.hidden_dim, m.mask_size
+    L, Q = m.cond_slots + m.recent_slots, m.pointer_slots
+    b: dict[str, DeviceBuffer] = {}
+    b["image"] = rt.alloc((1, 3, S, S), "float32", "image")
+    for spec in m.graphs["image_encoder"].outputs:
+        b[spec.name] = rt.alloc(tuple(int(v) for v in spec.shape), spec.dtype, spec.name)
+    for name, shape, dtype in (
+        ("pix_feat", (1, D, g, g), "float32"),
+        ("points", (1, MAX_POINTS, 2), "float32"),
+        ("labels", (1, MAX_POINTS), "int32"),
+        ("mask_prompt", (1, 1, S, S), "float32"),
+        ("zero_mask", (1, 1, S, S), "float32"),
+        ("has_mask", (1,), "float32"),
+        ("low_res_masks", (1, 4, P, P), "float32"),
+        ("iou", (1, 4), "float32"),
+        ("object_score", (1, 1), "float32"),
+        ("obj_ptrs", (1, 4, D), "float32"),
+        ("slot_tpos", (L,), "int64"),
+        ("slot_valid", (L,), "float32"),
+        ("ptr_tdiff", (Q,), "float32"),
+        ("ptr_valid", (Q,), "float32"),
+        ("plane", (1,), "int64"),
+        ("token", (1,), "int64"),
+        ("use_mask_prompt", (1,), "float32"),
+        ("binarize", (1,), "float32"),
+    ):
+        b[name] = rt.alloc(shape, dtype, name)
+    return b
+
+
+def _add_traffic(t: TransferStats, d: TransferStats) -> None:
+    """Add ``d``'s counts and times to ``t``."""
+    t.h2d_bytes += d.h2d_bytes
+    t.d2h_bytes += d.d2h_bytes
+    t.d2d_bytes += d.d2d_bytes
+    t.h2d_calls += d.h2d_calls
+    t.d2h_calls += d.d2h_calls
+    for k, v in d.runs.items():
+        t.runs[k] = t.runs.get(k, 0) + v
+    for k, x in d.run_s.items():
+        t.run_s[k] = t.run_s.get(k, 0.0) + x
+
+
+def _multimask(alg: dict[str, Any], init_cond: bool, n_points: int) -> bool:
+    """Whether the reference asks the decoder for several masks on this frame (``alg``: the manifest's rules)."""
+    return bool(
+        alg["multimask_output_in_sam"]
+        and (init_cond or alg["multimask_output_for_tracking"])
+        and alg["multimask_min_pt_num"] <= n_points <= alg["multimask_max_pt_num"]
+    )
+
+
+def _select(alg: dict[str, Any], planes: np.ndarray, iou: np.ndarray, multimask: bool) -> tuple[int, int]:
+    """(plane, token) the reference would pick from the four planes."""
+    best = 1 + int(np.argmax(iou[1:]))
+    if multimask:
+        return best, best
+    if alg["dynamic_multimask_via_stability"]:
+        d = alg["stability_delta"]
+        area_i = float(np.count_nonzero(planes[0] > d))
+        area_u = float(np.count_nonzero(planes[0] > -d))
+        stability = area_i / area_u if area_u > 0 else 1.0
+        if stability < alg["stability_thresh"]:
+            return best, 0
+    return 0, 0
 
 
 class Sam2Session(TrackerSession):
@@ -112,41 +126,16 @@ class Sam2Session(TrackerSession):
         self.m = manifest
         self.alg = manifest.algorithm
         m = manifest
-        S, g, D, M, P = m.image_size, m.grid, m.hidden_dim, m.mem_dim, m.mask_size
-        self.S, self.P = S, P
+        self.S, self.P = m.image_size, m.mask_size
         self.C, self.N, self.Q = m.cond_slots, m.recent_slots, m.pointer_slots
         self.L = self.C + self.N
         # bind only the slot / pointer range that holds memories (the rest is masked anyway): fewer keys to attend
         self._shrink = bool(runtime.dynamic_shapes and m.graphs["memory_attention"].shrinkable)
         self.R = self.Q - self.C  # recent pointer slots (max_object_pointers - 1)
-        self.T, self.M, self.D = m.tokens_per_slot, M, D
-        rt = runtime
-        ie = m.graphs["image_encoder"]
-        # per-session scratch buffers, allocated once
-        self.b: dict[str, DeviceBuffer] = {}
-        self.b["image"] = rt.alloc((1, 3, S, S), "float32", "image")
-        for spec in ie.outputs:
-            self.b[spec.name] = rt.alloc(tuple(int(v) for v in spec.shape), spec.dtype, spec.name)
-        self.b["pix_feat"] = rt.alloc((1, D, g, g), "float32", "pix_feat")
-        self.b["points"] = rt.alloc((1, MAX_POINTS, 2), "float32", "points")
-        self.b["labels"] = rt.alloc((1, MAX_POINTS), "int32", "labels")
-        self.b["mask_prompt"] = rt.alloc((1, 1, S, S), "float32", "mask_prompt")
-        self.b["zero_mask"] = rt.alloc((1, 1, S, S), "float32", "zero_mask")
-        self.b["has_mask"] = rt.alloc((1,), "float32", "has_mask")
-        self.b["low_res_masks"] = rt.alloc((1, 4, P, P), "float32", "low_res_masks")
-        self.b["iou"] = rt.alloc((1, 4), "float32", "iou")
-        self.b["object_score"] = rt.alloc((1, 1), "float32", "object_score")
-        self.b["obj_ptrs"] = rt.alloc((1, 4, D), "float32", "obj_ptrs")
-        self.b["slot_tpos"] = rt.alloc((self.L,), "int64", "slot_tpos")
-        self.b["slot_valid"] = rt.alloc((self.L,), "float32", "slot_valid")
-        self.b["ptr_tdiff"] = rt.alloc((self.Q,), "float32", "ptr_tdiff")
-        self.b["ptr_valid"] = rt.alloc((self.Q,), "float32", "ptr_valid")
-        self.b["plane"] = rt.alloc((1,), "int64", "plane")
-        self.b["token"] = rt.alloc((1,), "int64", "token")
-        self.b["use_mask_prompt"] = rt.alloc((1,), "float32", "use_mask_prompt")
-        self.b["binarize"] = rt.alloc((1,), "float32", "binarize")
+        self.T, self.M, self.D = m.tokens_per_slot, m.mem_dim, m.hidden_dim
+        self.b: dict[str, DeviceBuffer] = _scratch(runtime, m)  # per-session scratch buffers, allocated once
         # small host staging arrays, reused every frame
-        self._h_planes = np.empty((1, 4, P, P), np.float32)
+        self._h_planes = np.empty((1, 4, self.P, self.P), np.float32)
         self._h_iou = np.empty((1, 4), np.float32)
         self._h_score = np.empty((1, 1), np.float32)
         self._objects: dict[int, _Object] = {}
@@ -228,51 +217,13 @@ class Sam2Session(TrackerSession):
         out.update({f"{k}_ms_per_frame": round(v * 1e3 / n, 3) for k, v in st.run_s.items()})
         return out
 
-    def _to_model(self, prompt: Prompt, src_w: int, src_h: int) -> _Input:
-        sx, sy = self.S / src_w, self.S / src_h
-        if prompt.mask is not None:
-            mask = np.asarray(prompt.mask, bool)
-            if mask.shape != (src_h, src_w):
-                raise PromptError(
-                    f"object {prompt.obj_id}: mask prompt is {mask.shape[1]}x{mask.shape[0]}, the "
-                    f"stream is {src_w}x{src_h}"
-                )
-            m = mask.astype(np.float32)
-            if m.shape != (self.S, self.S):  # as HF's processor: antialiased resize, then threshold at 0.5
-                m = (resize_aa(m, self.S, self.S) > 0.5).astype(np.float32)
-            return _Input(np.zeros((1, 2), np.float32), np.full((1,), -1, np.int32), mask=m)
-        pts: list[np.ndarray] = []
-        labels: list[np.ndarray] = []
-        if prompt.box is not None:
-            x0, y0, x1, y1 = prompt.box
-            pts.append(np.array([[x0 * sx, y0 * sy], [x1 * sx, y1 * sy]], np.float32))
-            labels.append(np.array([2, 3], np.int32))
-        if len(prompt.points):
-            pts.append((prompt.points * np.array([sx, sy], np.float32)).astype(np.float32))
-            labels.append(prompt.labels.astype(np.int32))
-        p = np.concatenate(pts)
-        lab = np.concatenate(labels)
-        return _Input(p, lab, n_points=len(p))
-
     # ---------------------------------------------------------------------------------------------- step
     def step(self, frame: Frame) -> TrackResult:
         before = self.rt.stats.snapshot()
         try:
             return self._step(frame)
         finally:  # this session's share of the (possibly shared) runtime's counters
-            self._add_traffic(self.rt.stats.minus(before))
-
-    def _add_traffic(self, d: TransferStats) -> None:
-        t = self.traffic
-        t.h2d_bytes += d.h2d_bytes
-        t.d2h_bytes += d.d2h_bytes
-        t.d2d_bytes += d.d2d_bytes
-        t.h2d_calls += d.h2d_calls
-        t.d2h_calls += d.d2h_calls
-        for k, v in d.runs.items():
-            t.runs[k] = t.runs.get(k, 0) + v
-        for k, x in d.run_s.items():
-            t.run_s[k] = t.run_s.get(k, 0.0) + x
+            _add_traffic(self.traffic, self.rt.stats.minus(before))
 
     def _step(self, frame: Frame) -> TrackResult:
         if self._closed:
@@ -287,10 +238,10 @@ class Sam2Session(TrackerSession):
             )
         src_w, src_h = frame.width, frame.height
         due = self._prompts.due(frame.index)
-        inputs: dict[int, _Input] = {}
+        inputs: dict[int, ModelInput] = {}
         for oid, p in due.items():  # validate everything before changing any state
             p.check_bounds(src_w, src_h, source="the stream")
-            inputs[oid] = self._to_model(p, src_w, src_h)
+            inputs[oid] = model_input(p, src_w, src_h, self.S)
         self._prompts.take(due)
         if not self._objects and not inputs:  # nothing to track yet (e.g. a live feed before the first click)
             return TrackResult(
@@ -345,56 +296,58 @@ class Sam2Session(TrackerSession):
         ptrs = self.rt.alloc((self.Q, self.D), "float32", f"ptrs[{oid}]")
         return _Object(oid, bank, ptrs, [-1] * self.C, [-1] * self.N, [-1] * self.R)
 
-    def _multimask(self, init_cond: bool, n_points: int) -> bool:
-        a = self.alg
-        return bool(
-            a["multimask_output_in_sam"]
-            and (init_cond or a["multimask_output_for_tracking"])
-            and a["multimask_min_pt_num"] <= n_points <= a["multimask_max_pt_num"]
-        )
-
-    def _select(self, planes: np.ndarray, iou: np.ndarray, multimask: bool) -> tuple[int, int]:
-        """(plane, token) the reference would pick from the four planes."""
-        best = 1 + int(np.argmax(iou[1:]))
-        if multimask:
-            return best, best
-        if self.alg["dynamic_multimask_via_stability"]:
-            d = self.alg["stability_delta"]
-            area_i = float(np.count_nonzero(planes[0] > d))
-            area_u = float(np.count_nonzero(planes[0] > -d))
-            stability = area_i / area_u if area_u > 0 else 1.0
-            if stability < self.alg["stability_thresh"]:
-                return best, 0
-        return 0, 0
-
     def _upload_scalar(self, name: str, value: float) -> None:
         buf = self.b[name]
         self.rt.upload(buf, np.asarray([value], dtype=buf.dtype))
 
     def _step_object(
-        self, obj: _Object, inp: _Input | None, now: int, any_input: bool
+        self, obj: _Object, inp: ModelInput | None, now: int, any_input: bool
     ) -> tuple[np.ndarray, float, bool]:
-        rt, b = self.rt, self.b
-        P = self.P
+        """One object on this frame: its conditioning (the prompt, or memory attention over its bank), the decoder,
+        the plane the reference would pick, then this frame's memory encoded into the object's next slots."""
         mask_path = inp is not None and inp.mask is not None
+        init_cond = inp is not None
+        pix, pts, labels, n_points = self._conditioning(obj, inp, now)
+        planes, iou, dec_score = self._run_decoder(pix, pts, labels, inp.mask if inp is not None else None)
+        multimask = (
+            True if mask_path else _multimask(self.alg, init_cond, n_points)
+        )  # HF's mask path: multimask
+        plane, token = _select(self.alg, planes, iou, multimask)
+        out, conf, present = self._output(inp, planes, iou, dec_score, plane)
+        mem_slot, ptr_slot = self._memory_slots(obj, now, init_cond)
+        binarize = any_input if self.alg["batch_binarize"] else init_cond
+        self._encode_memory(obj, mem_slot, ptr_slot, plane, token, mask_path, binarize)
+        return out, conf, present
+
+    def _conditioning(
+        self, obj: _Object, inp: ModelInput | None, now: int
+    ) -> tuple[DeviceBuffer, np.ndarray, np.ndarray, int]:
+        """The decoder's image features and prompt: on a tracking frame memory attention's output over the bank and
+        no prompt; on a prompted frame the features without memory (points) or the feature map (a mask).  Returns
+        (features, points, labels, how many points the multimask rule counts)."""
+        rt, b = self.rt, self.b
         if inp is None:  # tracking frame: memory attention over the bank, no prompt
             memory = self._memory_inputs(obj, now)
             rt.run("memory_attention", {"feat": b["feat"], **memory}, {"pix_feat": b["pix_feat"]})
             self.stats.attended_slots += memory["bank"].shape[0]
-            pix = b["pix_feat"]
-            pts, labels, n_points = np.zeros((1, 2), np.float32), np.full((1,), -1, np.int32), 0
-        else:
-            pix = b["feat_map"] if mask_path else b["feat_nomem"]
-            pts, labels, n_points = inp.points, inp.labels, inp.n_points
+            return b["pix_feat"], np.zeros((1, 2), np.float32), np.full((1,), -1, np.int32), 0
+        pix = b["feat_map"] if inp.mask is not None else b["feat_nomem"]
+        return pix, inp.points, inp.labels, inp.n_points
+
+    def _run_decoder(
+        self, pix: DeviceBuffer, pts: np.ndarray, labels: np.ndarray, mask: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """Upload the prompt (points and labels, or the mask), run the decoder; returns the four low-res mask
+        planes, their IoU and the object score (host arrays reused every frame)."""
+        rt, b = self.rt, self.b
         k = len(pts)
         pts_v = rt.view(b["points"], 0, (1, k, 2))
         lab_v = rt.view(b["labels"], 0, (1, k))
         rt.upload(pts_v, pts.reshape(1, k, 2))
         rt.upload(lab_v, labels.reshape(1, k))
-        if mask_path:
-            assert inp is not None and inp.mask is not None
-            rt.upload(b["mask_prompt"], inp.mask.reshape(1, 1, self.S, self.S))
-        self._upload_scalar("has_mask", 1.0 if mask_path else 0.0)
+        if mask is not None:
+            rt.upload(b["mask_prompt"], mask.reshape(1, 1, self.S, self.S))
+        self._upload_scalar("has_mask", 1.0 if mask is not None else 0.0)
         rt.run(
             "decoder",
             {
@@ -403,7 +356,7 @@ class Sam2Session(TrackerSession):
                 "feat_s1": b["feat_s1"],
                 "points": pts_v,
                 "labels": lab_v,
-                "mask_prompt": b["mask_prompt"] if mask_path else b["zero_mask"],
+                "mask_prompt": b["mask_prompt"] if mask is not None else b["zero_mask"],
                 "has_mask": b["has_mask"],
             },
             {
@@ -416,35 +369,50 @@ class Sam2Session(TrackerSession):
         planes = rt.download(b["low_res_masks"], self._h_planes)[0]
         iou = rt.download(b["iou"], self._h_iou)[0]
         dec_score = float(rt.download(b["object_score"], self._h_score)[0, 0])
-        init_cond = inp is not None
-        multimask = True if mask_path else self._multimask(init_cond, n_points)  # HF's mask path: multimask
-        plane, token = self._select(planes, iou, multimask)
-        if mask_path:
-            assert inp is not None and inp.mask is not None
+        return planes, iou, dec_score
+
+    def _output(
+        self, inp: ModelInput | None, planes: np.ndarray, iou: np.ndarray, dec_score: float, plane: int
+    ) -> tuple[np.ndarray, float, bool]:
+        """The object's (logits, confidence, present) on this frame: a mask prompt as given (logits +-10), else
+        the chosen plane when the object score says present, else the "no object" score everywhere."""
+        P = self.P
+        if inp is not None and inp.mask is not None:
             high = inp.mask * 20.0 - 10.0
-            out = resize_aa(high, P, P)
             present = bool(np.any(inp.mask > 0))
-            conf = 1.0 if present else 0.0
-        else:
-            present = dec_score > 0
-            out = planes[plane].copy() if present else np.full((P, P), self.alg["no_obj_score"], np.float32)
-            conf = float(1.0 / (1.0 + np.exp(-dec_score)) * iou[plane]) if present else 0.0
-        # where this frame's memory goes
+            return resize_aa(high, P, P), 1.0 if present else 0.0, present
+        present = dec_score > 0
+        out = planes[plane].copy() if present else np.full((P, P), self.alg["no_obj_score"], np.float32)
+        conf = float(1.0 / (1.0 + np.exp(-dec_score)) * iou[plane]) if present else 0.0
+        return out, conf, present
+
+    def _memory_slots(self, obj: _Object, now: int, init_cond: bool) -> tuple[int, int]:
+        """Where this frame's memory and pointer go: a conditioning slot on a prompted frame, else the recent slots
+        of step ``now`` (rings); the chosen slots are marked as holding step ``now``."""
         if init_cond:
             slot = self._cond_slot(obj)
             obj.cond_steps[slot] = now
-            mem_slot, ptr_slot = slot, slot
             self.stats.cond_frames += 1
-        else:
-            j = now % self.N
-            r = now % self.R
-            obj.recent_steps[j] = now
-            obj.ptr_steps[r] = now
-            mem_slot, ptr_slot = self.C + j, self.C + r
-        if self.alg["batch_binarize"]:
-            binarize = any_input
-        else:
-            binarize = init_cond
+            return slot, slot
+        j = now % self.N
+        r = now % self.R
+        obj.recent_steps[j] = now
+        obj.ptr_steps[r] = now
+        return self.C + j, self.C + r
+
+    def _encode_memory(
+        self,
+        obj: _Object,
+        mem_slot: int,
+        ptr_slot: int,
+        plane: int,
+        token: int,
+        mask_path: bool,
+        binarize: bool,
+    ) -> None:
+        """Run the memory encoder on the decoder's outputs still on the device, writing the memory and the object
+        pointer straight into their slots of the object's bank and pointer ring."""
+        rt, b = self.rt, self.b
         self._upload_scalar("plane", plane)
         self._upload_scalar("token", token)
         self._upload_scalar("use_mask_prompt", 1.0 if mask_path else 0.0)
@@ -467,7 +435,6 @@ class Sam2Session(TrackerSession):
                 "obj_ptr": rt.view(obj.ptrs, ptr_slot * self.D, (1, self.D)),
             },
         )
-        return out, conf, present
 
     def _cond_slot(self, obj: _Object) -> int:
         """A free conditioning slot, else the oldest one (evicted: the reference would keep it).  Free slots are
