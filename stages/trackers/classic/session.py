@@ -98,17 +98,10 @@ class ClassicParams:
     dense_weight: float = 0.6  # weight of the dense-flow (per-pixel) warp vs the similarity warp of the mask
     motion_weight: float = 1.5  # log-odds of the motion cue (moves like the background vs like the object)
     motion_min: float = 1.0  # object's motion relative to the background (px) needed for the motion cue
-    # after a click prompt, frames during which the mask may grow to what moves with it; off by default: on the
-    # DAVIS dev split 20 frames gave click J +0.017, but a fast, flat-coloured object grows into the background
-    # it uncovers (the moving-square clips of the tests lose 0.1-0.2 IoU)
-    grow_frames: int = 0
     # a box or click prompt's mask is checked by motion a few frames later (segment.refine_box_by_motion,
     # refine_click_by_motion): background that moves like the background leaves it, a click's part grows to what
     # moves with it; False keeps every prompt's mask as segmented on its frame
     check_by_motion: bool = True
-    grow_min_sep: float = 1.5  # ... when its motion differs from the background's by this many px
-    grow_min_gain: float = 1.25  # ... and the moving region is at least this x the mask
-    grow_max: float = 8.0  # ... up to this x the click's own segmentation
     max_growth: float = 1.3  # visible area at most this x the reference area (x the motion's scale)
     frame_growth: float = 1.12  # ... and at most this x its last visible area
     area_grow_rate: float = 0.03  # reference-area EMA rate when the area grows (area_rate when it shrinks)
@@ -146,9 +139,6 @@ class _Track:
     stopped: int = 0  # consecutive frames the mask has moved with the background (STOP_DROP)
     llr_ref: float = 1.0  # typical mean colour log likelihood ratio inside the mask (EMA)
     extent: float = 0.0  # a box or mask prompt's mask area, x the motion's scale since (extent_cap); 0: none
-    grow_until: int = -1  # frame index until which the mask may grow to what moves with it
-    grow_base: float = 0.0  # area of the click's own segmentation (growth is capped relative to it)
-    grow: np.ndarray | None = None  # (h, w) float32 running vote "moves with the object" (click prompts)
     motion: np.ndarray | None = None  # 2x3 similarity of the last propagation (previous -> this frame)
     prompted_at: int = 0  # frame index of the last prompt (contested pixels go to the newest)
     check: _MotionCheck | None = None  # a prompt waiting for its check by motion
@@ -316,10 +306,7 @@ class ClassicSession(TrackerSession):
             if oid in refresh:
                 continue
             if tr.present:
-                lg, s2 = self._propagate(tr, img, qidx, flow, frame.index)
-                if frame.index <= tr.grow_until and flow is not None and flow[2] is not None:
-                    lg = self._grow_by_motion(tr, img, qidx, lg, flow[1], flow[2])
-                logits[oid], scale_change[oid] = lg, s2
+                logits[oid], scale_change[oid] = self._propagate(tr, img, qidx, flow, frame.index)
             else:
                 found = self._reacquire(tr, qidx, frame.index)
                 if found is not None:
@@ -389,9 +376,6 @@ class ClassicSession(TrackerSession):
                     neg,
                     grow=w * h <= src[0] * src[1],
                 )
-            if sp.mask is None and sp.box is None and len(pos):
-                self._tracks[oid].grow_until = frame.index + self.params.grow_frames
-                self._tracks[oid].grow_base = float(mask.sum())
             prompted.add(oid)
 
         self._exclusive(logits, {oid: self._tracks[oid].prompted_at for oid in logits})
@@ -593,94 +577,6 @@ class ClassicSession(TrackerSession):
         tr.sep_last, tr.sep_n = speed, tr.sep_n + 1
         return False
 
-    def _grow_by_motion(
-        self, tr: _Track, img: np.ndarray, qidx: np.ndarray, lg: np.ndarray, bwd: np.ndarray, bg: np.ndarray
-    ) -> np.ndarray:
-        """First frames after a click: grow the mask to the region around it that moves like it (and unlike the
-        background), refined by grabCut, so that one click on one part of an object gives the whole object when
-        its parts differ in colour but move together.  Returns the (possibly) new logits; re-initialises the
-        object's models when the mask grew."""
-        p = self.params
-        h, w = qidx.shape
-        mask = lg > 0
-        box = _bbox(mask)
-        m = tr.motion
-        if box is None or m is None:
-            return lg
-        area = float(mask.sum())
-        size = np.sqrt(area)
-        x0, y0, x1, y1 = _pad(box, int(max(20, 1.2 * size)), w, h)
-        gy, gx = np.mgrid[y0:y1, x0:x1].astype(np.float32)
-        bw = bwd[y0:y1, x0:x1]
-        bgx, bgy, obx, oby, sep = _motion_fields(bg, m, gx, gy)
-        mw = mask[y0:y1, x0:x1]
-        grow = np.zeros((h, w), np.float32) if tr.grow is None else cv2.warpAffine(tr.grow, m, (w, h))
-        logger.debug("grow: sep %.2f", float(np.median(sep[mw])))
-        if float(np.median(sep[mw])) < p.grow_min_sep:
-            tr.grow = grow * 0.7
-            return lg
-        r_bg = np.sqrt((bw[..., 0] - bgx) ** 2 + (bw[..., 1] - bgy) ** 2)
-        r_ob = np.sqrt((bw[..., 0] - obx) ** 2 + (bw[..., 1] - oby) ** 2)
-        coh = ((r_ob < 0.4 * sep) & (r_bg > 0.6 * sep)).astype(np.float32)
-        grow *= 0.5
-        grow[y0:y1, x0:x1] += 0.5 * coh
-        tr.grow = grow
-        cand = (grow[y0:y1, x0:x1] > 0.45) | mw
-        cand = (
-            cv2.morphologyEx(cand.astype(np.uint8), cv2.MORPH_OPEN, np.ones((5, 5), np.uint8)).astype(bool)
-            | mw
-        )
-        _, lab = cv2.connectedComponents(cand.astype(np.uint8), connectivity=8)
-        ids = np.unique(lab[mw])
-        cand = np.isin(lab, ids[ids > 0])
-        ca = float(cand.sum())
-        edge = np.concatenate([cand[0], cand[-1], cand[:, 0], cand[:, -1]]).mean()
-        logger.debug("grow: cand %d vs %d edge %.2f", int(ca), int(area), edge)
-        limit = min(2.0 * area, p.grow_max * tr.grow_base)
-        if not (p.grow_min_gain * area < ca < limit) or edge > 0.15:
-            return lg
-        init = np.full(cand.shape, cv2.GC_PR_BGD, np.uint8)
-        init[cand] = cv2.GC_PR_FGD
-        init[cv2.erode(mw.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=2).astype(bool)] = (
-            cv2.GC_FGD
-        )
-        init[
-            cv2.erode(
-                cand.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=max(2, int(0.08 * np.sqrt(ca)))
-            ).astype(bool)
-        ] = cv2.GC_FGD
-        far = (
-            cv2.dilate(cand.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=max(3, int(0.1 * size)))
-            == 0
-        )
-        init[far] = cv2.GC_BGD
-        bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
-        try:
-            cv2.grabCut(
-                np.ascontiguousarray(img[y0:y1, x0:x1]),
-                init,
-                (0, 0, 0, 0),
-                bgd,
-                fgd,
-                2,
-                cv2.GC_INIT_WITH_MASK,
-            )
-        except cv2.error as exc:
-            logger.debug("grow: grabCut failed: %s", exc)
-            return lg
-        new = (init == cv2.GC_FGD) | (init == cv2.GC_PR_FGD)
-        _, lab = cv2.connectedComponents(new.astype(np.uint8), connectivity=8)
-        ids = np.unique(lab[mw & new])
-        new = _fill_holes(np.isin(lab, ids[ids > 0]))
-        logger.debug("grow: grabCut %d", int(new.sum()))
-        if not p.grow_min_gain * area <= new.sum() <= limit:
-            return lg
-        full = np.zeros((h, w), bool)
-        full[y0:y1, x0:x1] = new
-        logger.debug("object %d grown by motion from %d to %d px", tr.obj_id, int(area), int(full.sum()))
-        self._restart(tr, full, qidx)
-        return _mask_logits(full)
-
     def _check_by_motion(
         self,
         tr: _Track,
@@ -782,18 +678,18 @@ class ClassicSession(TrackerSession):
             int(ref.sum()),
         )
         nt = self._restart(tr, moved, qidx)
-        nt.centroid, nt.grow_base = tr.centroid, float(moved.sum())
+        nt.centroid = tr.centroid
         logits[tr.obj_id] = _mask_logits(moved)
 
     def _restart(self, tr: _Track, mask: np.ndarray, qidx: np.ndarray) -> _Track:
         """Replace ``tr`` by a track whose models start from ``mask`` (this frame), keeping what the new mask does
-        not change: motion, velocity, prompt frame and kind, growth-by-motion state and a pending check by motion."""
+        not change: motion, velocity, prompt frame and a pending check by motion."""
         self._init_track(tr.obj_id, mask, qidx, tr.last_seen, keep_area=False)
         nt = self._tracks[tr.obj_id]
         nt.velocity, nt.prompted_at, nt.motion = tr.velocity, tr.prompted_at, tr.motion
         if tr.extent:  # the check by motion re-segmented the prompt: its extent is the new mask's
             nt.extent = nt.area_ref
-        nt.grow_until, nt.grow_base, nt.grow, nt.check = tr.grow_until, tr.grow_base, tr.grow, tr.check
+        nt.check = tr.check
         return nt
 
     def _prior(self, sd: np.ndarray) -> np.ndarray:
