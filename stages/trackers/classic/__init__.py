@@ -8,7 +8,8 @@ from vostream.pipeline.errors import ConfigError
 
 from ..base import InputSpec, Tracker
 from .motion import PRESETS
-from .session import ClassicParams, ClassicSession
+from .params import ClassicParams
+from .session import ClassicSession
 
 logger = logging.getLogger(__name__)
 

@@ -18,6 +18,11 @@ BITS = 4
 BINS = 1 << BITS
 CELLS = BINS**3
 LLR_CLIP = 4.0
+#: Gaussian sigma (px) of the colour log likelihood ratio where a region is found from colour alone - the rough
+#: region under a click, the holes of a box's mask, the candidates of a re-acquisition - and thresholded: with no
+#: shape prior to regularise it, the blur makes the thresholded region coherent.  (A tracked object's ratio, added
+#: to a shape prior, is blurred less: ``ColourParams.blur``.)
+REGION_BLUR = 1.5
 
 
 def quantise(rgb: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -90,4 +95,4 @@ class ColourModel:
         return self.table[idx]
 
 
-__all__ = ["BINS", "CELLS", "ColourModel", "bhattacharyya", "histogram", "quantise"]
+__all__ = ["BINS", "CELLS", "REGION_BLUR", "ColourModel", "bhattacharyya", "histogram", "quantise"]
