@@ -140,8 +140,8 @@ def kept_logits(fused: np.ndarray, keep: np.ndarray) -> np.ndarray:
 def signed_distance(mask: np.ndarray) -> np.ndarray:
     """Distance to the mask's outline (px): positive inside, negative outside."""
     m = mask.astype(np.uint8)
-    inside = cv2.distanceTransform(m, cv2.DIST_L2, 3)
-    outside = cv2.distanceTransform(1 - m, cv2.DIST_L2, 3)
+    inside = cv2.distanceTransform(m, cv2.DIST_L2, cv2.DIST_MASK_3)
+    outside = cv2.distanceTransform(1 - m, cv2.DIST_L2, cv2.DIST_MASK_3)
     return inside - outside
 
 
