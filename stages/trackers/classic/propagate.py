@@ -46,6 +46,10 @@ MIN_PRED_OVERLAP = 0.25
 #: 0.655 -> 0.661, from a box 0.616 -> 0.621 (0.02: same; 0.15: 0.655 / 0.620)
 MAX_HOLE = 0.05
 
+#: the motion between the previous processed frame and this one: forward flow, backward flow (H, W, 2) and the
+#: background's 2x3 affine motion this -> previous frame (None when it could not be fitted)
+FrameFlow = tuple[np.ndarray, np.ndarray, np.ndarray | None]
+
 
 def shape_prior(p: PriorParams, sd: np.ndarray) -> np.ndarray:
     """Shape prior in log-odds from a signed distance map (positive inside)."""
@@ -102,7 +106,7 @@ class Propagator:
         self,
         tr: Track,
         qidx: np.ndarray,
-        flow: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+        flow: FrameFlow | None,
         index: int,
         gap: int,
     ) -> tuple[np.ndarray, float]:
@@ -231,4 +235,4 @@ class Propagator:
         return fused, keep
 
 
-__all__ = ["MAX_HOLE", "Propagator", "components", "motion_fields", "shape_prior"]
+__all__ = ["MAX_HOLE", "FrameFlow", "Propagator", "components", "motion_fields", "shape_prior"]

@@ -25,7 +25,7 @@ from .check import Flows, MotionChecker
 from .motion import FlowEstimator, background_motion
 from .params import ClassicParams
 from .presence import observe
-from .propagate import Propagator
+from .propagate import FrameFlow, Propagator
 from .reacquire import reacquire
 from .segment import mask_from_box, mask_from_points, touches_border
 from .state import MARGIN_LOGIT, OUTSIDE_LOGIT, Track, bbox
@@ -141,9 +141,7 @@ class ClassicSession(TrackerSession):
         return self._finish(frame, logits, qidx, scale_change, prompted)
 
     # ---------------------------------------------------------------------------------------------- phases
-    def _frame_flow(
-        self, index: int, gray: np.ndarray, refresh: set[int]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+    def _frame_flow(self, index: int, gray: np.ndarray, refresh: set[int]) -> FrameFlow | None:
         """Forward and backward flow between the previous processed frame and this one, and the background's
         motion (``motion.background_motion``); None when no object is to be propagated or there is no previous
         frame of this size."""
@@ -165,7 +163,7 @@ class ClassicSession(TrackerSession):
         self,
         index: int,
         qidx: np.ndarray,
-        flow: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+        flow: FrameFlow | None,
         refresh: set[int],
     ) -> tuple[dict[int, np.ndarray], dict[int, float]]:
         """Logits of every known object not prompted anew on this frame: a visible one propagated, an absent one
