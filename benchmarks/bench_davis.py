@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import json
 import logging
@@ -122,15 +123,19 @@ def run_sequence(
 
 
 def _param(params: Any, name: str, value: str) -> Any:
-    """``value`` (from ``--param NAME=VALUE``) as the type of ``params.NAME``; booleans from true/false/1/0."""
-    if not hasattr(params, name):
+    """``params`` with ``NAME`` (from ``--param NAME=VALUE``; ``GROUP.NAME`` for a field of a nested group) set to
+    ``value`` as the type of the field; booleans from true/false/1/0."""
+    group, _, leaf = name.partition(".")
+    if not hasattr(params, group):
         raise SystemExit(f"bench_davis: ClassicParams has no field {name!r}")
+    if leaf:
+        return dataclasses.replace(params, **{group: _param(getattr(params, group), leaf, value)})
     current = getattr(params, name)
     if isinstance(current, bool):
         if value.lower() not in ("true", "false", "1", "0"):
             raise SystemExit(f"bench_davis: {name} takes true or false, not {value!r}")
-        return value.lower() in ("true", "1")
-    return type(current)(value)
+        return dataclasses.replace(params, **{name: value.lower() in ("true", "1")})
+    return dataclasses.replace(params, **{name: type(current)(value)})
 
 
 @contextlib.contextmanager
@@ -213,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         "--param",
         action="append",
         default=[],
-        help="NAME=VALUE: override a ClassicParams field of the new tracker (for tuning)",
+        help="NAME=VALUE: override a ClassicParams field of the new tracker (for tuning; GROUP.NAME in a group, "
+        "e.g. reacquire.llr=1.0)",
     )
     ap.add_argument(
         "--seeds",
@@ -245,14 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == "old":
             trackers["old"] = load_baseline(args.baseline, Path(tmp.name))(work_size=ws)
         elif name == "new":
-            import dataclasses
-
             from vostream.stages.trackers.classic import ClassicParams, ClassicTracker
 
-            kv = dict(item.split("=", 1) for item in args.param)
-            params = dataclasses.replace(
-                ClassicParams(), **{k: _param(ClassicParams(), k, v) for k, v in kv.items()}
-            )
+            params = ClassicParams()
+            for item in args.param:
+                params = _param(params, *item.split("=", 1))
             extra = {"flow_preset": args.flow_preset} if args.flow_preset else {}
             trackers["new"] = ClassicTracker(work_size=ws, params=params, **extra)
         else:

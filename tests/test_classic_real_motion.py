@@ -241,17 +241,17 @@ def test_the_box_check_runs_as_soon_as_the_object_has_moved_enough() -> None:
 
 
 def test_a_box_check_that_changes_nothing_runs_again_on_the_next_frame(two_part, monkeypatch) -> None:
-    import vostream.stages.trackers.classic.session as session_mod
+    import vostream.stages.trackers.classic.check as check_mod
 
     imgs, masks, _, _ = two_part
     calls: list[int] = []
-    real = session_mod.refine_box_by_motion
+    real = check_mod.refine_box_by_motion
 
     def first_finds_nothing(*args, **kwargs):
         calls.append(len(calls))
         return None if len(calls) == 1 else real(*args, **kwargs)
 
-    monkeypatch.setattr(session_mod, "refine_box_by_motion", first_finds_nothing)
+    monkeypatch.setattr(check_mod, "refine_box_by_motion", first_finds_nothing)
     ious, _ = track(ClassicTracker(), imgs, masks, Prompt(1, 0, box=_box(masks[0])))
     assert len(calls) == 2, calls  # ran again once, then done
     assert ious[0] < 0.85 and float(np.mean(ious[3:6])) >= 0.9, np.round(ious, 2)
@@ -405,7 +405,7 @@ def test_a_click_whose_region_motion_cannot_grow_is_checked_like_a_box(two_part,
     """When the click's check finds no region to grow to (here forced: ``refine_click_by_motion`` returns None, as
     it does when the moving region runs into the frame's border or covers too much of it), the click's own mask is
     checked as a box prompt's would be: the static disc that the click's segmentation took leaves the mask."""
-    import vostream.stages.trackers.classic.session as session_mod
+    import vostream.stages.trackers.classic.check as check_mod
     from vostream.stages.trackers.classic import ClassicParams
 
     imgs, masks, part, disc = two_part
@@ -413,7 +413,7 @@ def test_a_click_whose_region_motion_cannot_grow_is_checked_like_a_box(two_part,
     click = Prompt(1, 0, points=np.array([[xs.mean(), ys.mean()]], np.float32), labels=np.array([1]))
     off, _ = track(ClassicTracker(params=ClassicParams(check_by_motion=False)), imgs, masks, click)
     assert off[0] < 0.85 and float(np.mean(off[3:6])) < 0.86, np.round(off, 2)  # the click took the disc too
-    monkeypatch.setattr(session_mod, "refine_click_by_motion", lambda *a: None)
+    monkeypatch.setattr(check_mod, "refine_click_by_motion", lambda *a: None)
     ious, present = track(ClassicTracker(), imgs, masks, click)
     assert all(present)
     assert float(np.mean(ious[3:6])) >= 0.88, np.round(ious, 2)
@@ -423,18 +423,18 @@ def test_the_checks_use_the_prompt_frame_and_keep_its_clicks(two_part, monkeypat
     """Review findings: (1) the preprocess stage reuses its output buffers, so a check 6 frames on must not read the
     prompt frame from a tensor that now holds a later frame; (2) the prompt's clicks stay hard constraints in the
     check: a negative click stays out of the checked mask, a positive one in it."""
-    import vostream.stages.trackers.classic.session as session_mod
+    import vostream.stages.trackers.classic.check as check_mod
     from vostream.stages.trackers.classic.segment import refine_click_by_motion
 
     imgs, masks, part, _ = two_part
     seen: list[np.ndarray] = []
-    real = session_mod.refine_click_by_motion
+    real = check_mod.refine_click_by_motion
 
     def spy(img, *args):
         seen.append(img.copy())
         return real(img, *args)
 
-    monkeypatch.setattr(session_mod, "refine_click_by_motion", spy)
+    monkeypatch.setattr(check_mod, "refine_click_by_motion", spy)
     tracker = ClassicTracker()
     pre = Preprocessor(tracker.input_spec(W, H))
     session = tracker.new_session()
@@ -469,7 +469,7 @@ def test_a_large_hole_stays_open_while_small_ones_are_filled() -> None:
     """A wheel: the background seen through an object is not the object.  The tracked mask used to have every hole
     filled (DAVIS bmx-bumps from its ground-truth mask: IoU 0.87 on the prompt frame, 0.60 one frame later, with
     both wheels filled in); now only holes up to ``MAX_HOLE`` of the mask's area are (noise)."""
-    from vostream.stages.trackers.classic.session import MAX_HOLE, ClassicSession
+    from vostream.stages.trackers.classic.propagate import MAX_HOLE, components
 
     rng = np.random.default_rng(4)
     bg = _texture(rng, H, W + 40, 14)
@@ -496,7 +496,7 @@ def test_a_large_hole_stays_open_while_small_ones_are_filled() -> None:
     large[30:70, 30:70] = 0  # 1,600 px
     assert 16 <= MAX_HOLE * disc.sum() < 1600
     for m, expected in ((small, disc), (large, large)):
-        out = ClassicSession._components(m.astype(bool), m.astype(bool))
+        out = components(m.astype(bool), m.astype(bool))
         assert np.array_equal(out, expected.astype(bool))
 
 
@@ -529,7 +529,7 @@ def test_a_mask_that_stops_moving_against_the_background_is_lost_not_moved_onto_
     stayed on the bollard (static against the background) for 10 frames while reporting the rider present.  An
     object that has been moving against the background and whose mask suddenly moves with it is reported absent
     and searched for again."""
-    import vostream.stages.trackers.classic.session as session_mod
+    import vostream.stages.trackers.classic.stop as stop_mod
 
     imgs, masks, post = _behind_a_look_alike_post()
 
@@ -545,11 +545,11 @@ def test_a_mask_that_stops_moving_against_the_background_is_lost_not_moved_onto_
     stuck, present = run()
     # an object lost by its area (hidden) may be re-acquired on the post, and is dropped from it once its mask has
     # moved with the background for STOP_FRAMES frames (one frame alone may be flow noise on a flat object)
-    assert sum(stuck) <= session_mod.STOP_FRAMES, stuck
+    assert sum(stuck) <= stop_mod.STOP_FRAMES, stuck
     assert present[-1] and present[0]  # found again once past the post
     # the premise: without the rule the mask stays on the post
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(session_mod, "STOP_DROP", 0.0)
+        mp.setattr(stop_mod, "STOP_DROP", 0.0)
         stuck_off, _ = run()
     assert sum(stuck_off) >= 5, stuck_off
 
@@ -557,7 +557,7 @@ def test_a_mask_that_stops_moving_against_the_background_is_lost_not_moved_onto_
 def test_skipped_frames_are_not_a_stop() -> None:
     """The stop rule compares speeds per frame index: a feed that drops 5 frames of 6 and then none does not make
     a moving object look as if it had stopped (per processed frame its motion falls to a sixth)."""
-    import vostream.stages.trackers.classic.session as session_mod
+    import vostream.stages.trackers.classic.stop as stop_mod
 
     imgs, masks, _ = _behind_a_look_alike_post(frames=40, post_on=False, speed=2.0)
     indices = [0, 6, 12, 18, 24, 30, 31, 32, 33, 34]
@@ -573,7 +573,7 @@ def test_skipped_frames_are_not_a_stop() -> None:
     assert min(ious[1:]) >= 0.8, np.round(ious, 2)
     # the premise: per processed frame, the speed falls from 6x to 1x a frame's, which is a stop by the rule
     per_step = [6 * seen[5], seen[6]]
-    assert per_step[0] > session_mod.STOP_MIN and per_step[1] < session_mod.STOP_DROP * per_step[0], per_step
+    assert per_step[0] > stop_mod.STOP_MIN and per_step[1] < stop_mod.STOP_DROP * per_step[0], per_step
 
 
 def test_a_box_mask_leaves_the_background_seen_through_the_object_open(monkeypatch) -> None:

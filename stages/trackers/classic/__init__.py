@@ -8,13 +8,16 @@ from vostream.pipeline.errors import ConfigError
 
 from ..base import InputSpec, Tracker
 from .motion import PRESETS
-from .session import ClassicParams, ClassicSession
+from .params import ClassicParams
+from .session import ClassicSession
 
 logger = logging.getLogger(__name__)
 
 
 #: a source whose long side is shorter than this is enlarged to it for tracking (see ``input_spec``)
 MIN_WORK_SIDE = 320
+#: the smallest work size accepted (each side, px): a few DIS patches
+MIN_WORK_SIZE = 32
 
 
 class ClassicTracker(Tracker):
@@ -39,9 +42,10 @@ class ClassicTracker(Tracker):
             if len(ws) != 2:
                 raise ConfigError(f"classic tracker: work_size must look like 480x270, got {work_size!r}")
             work_size = (ws[0], ws[1])
-        if len(work_size) != 2 or min(work_size) < 32:
+        if len(work_size) != 2 or min(work_size) < MIN_WORK_SIZE:
             raise ConfigError(
-                f"classic tracker: work_size {work_size!r} is too small; use at least 32x32 (default 480x270)"
+                f"classic tracker: work_size {work_size!r} is too small; use at least "
+                f"{MIN_WORK_SIZE}x{MIN_WORK_SIZE} (default 480x270)"
             )
         if flow_preset not in PRESETS:
             raise ConfigError(

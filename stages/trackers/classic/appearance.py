@@ -17,7 +17,20 @@ logger = logging.getLogger(__name__)
 BITS = 4
 BINS = 1 << BITS
 CELLS = BINS**3
-LLR_CLIP = 4.0
+LLR_CLIP = 4.0  #: the log likelihood ratio is clipped to +-this
+#: a histogram is smoothed by keeping SMOOTH_SELF of each cell's mass and giving SMOOTH_NEIGHBOUR to each of its 6
+#: neighbours (0.4 + 6 x 0.1 = 1)
+SMOOTH_SELF = 0.4
+SMOOTH_NEIGHBOUR = 0.1
+#: a model update needs more than this many pixels of a kind
+MIN_UPDATE_PIXELS = 20
+#: added to both histograms before their ratio: this x a uniform histogram's cell
+EPS_MASS = 0.1
+#: Gaussian sigma (px) of the colour log likelihood ratio where a region is found from colour alone - the rough
+#: region under a click, the holes of a box's mask, the candidates of a re-acquisition - and thresholded: with no
+#: shape prior to regularise it, the blur makes the thresholded region coherent.  (A tracked object's ratio, added
+#: to a shape prior, is blurred less: ``ColourParams.blur``.)
+REGION_BLUR = 1.5
 
 
 def quantise(rgb: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -34,10 +47,14 @@ def quantise(rgb: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 def _smooth(h: np.ndarray) -> np.ndarray:
     """Spread each cell's mass to its 6 neighbours (a small 3-D blur), so unseen but similar colours count."""
     c = h.reshape(BINS, BINS, BINS)
-    out = c * 0.4
+    out = c * SMOOTH_SELF
     for ax in range(3):
-        out[(slice(None),) * ax + (slice(1, None),)] += 0.1 * c[(slice(None),) * ax + (slice(None, -1),)]
-        out[(slice(None),) * ax + (slice(None, -1),)] += 0.1 * c[(slice(None),) * ax + (slice(1, None),)]
+        out[(slice(None),) * ax + (slice(1, None),)] += (
+            SMOOTH_NEIGHBOUR * c[(slice(None),) * ax + (slice(None, -1),)]
+        )
+        out[(slice(None),) * ax + (slice(None, -1),)] += (
+            SMOOTH_NEIGHBOUR * c[(slice(None),) * ax + (slice(1, None),)]
+        )
     return out.reshape(-1)
 
 
@@ -73,14 +90,14 @@ class ColourModel:
         self, fg_idx: np.ndarray | None, bg_idx: np.ndarray | None, fg_rate: float, bg_rate: float
     ) -> None:
         """Blend new pixel histograms in with exponential forgetting (``rate`` = weight of the new data)."""
-        if fg_idx is not None and fg_idx.size > 20 and fg_rate > 0:
+        if fg_idx is not None and fg_idx.size > MIN_UPDATE_PIXELS and fg_rate > 0:
             self.fg = (1 - fg_rate) * self.fg + fg_rate * histogram(fg_idx)
-        if bg_idx is not None and bg_idx.size > 20 and bg_rate > 0:
+        if bg_idx is not None and bg_idx.size > MIN_UPDATE_PIXELS and bg_rate > 0:
             self.bg = (1 - bg_rate) * self.bg + bg_rate * histogram(bg_idx)
         self._refresh()
 
     def _refresh(self) -> None:
-        eps = 0.1 / CELLS
+        eps = EPS_MASS / CELLS
         self.table = np.clip(np.log((self.fg + eps) / (self.bg + eps)), -LLR_CLIP, LLR_CLIP).astype(
             np.float32
         )
@@ -90,4 +107,4 @@ class ColourModel:
         return self.table[idx]
 
 
-__all__ = ["BINS", "CELLS", "ColourModel", "bhattacharyya", "histogram", "quantise"]
+__all__ = ["BINS", "CELLS", "REGION_BLUR", "ColourModel", "bhattacharyya", "histogram", "quantise"]

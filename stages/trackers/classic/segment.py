@@ -16,9 +16,22 @@ import logging
 import cv2
 import numpy as np
 
-from .appearance import ColourModel, bhattacharyya, histogram, quantise
+from .appearance import REGION_BLUR, ColourModel, bhattacharyya, histogram, quantise
+from .state import NEIGHBOURS
 
 logger = logging.getLogger(__name__)
+
+#: size of the colour-model buffers that ``cv2.grabCut`` takes (fixed by OpenCV: 5 Gaussians x 13 numbers)
+GMM_SIZE = 65
+#: grabCut iterations: a click's region refined (``_grabcut``'s default), a box prompt's mask, a box search's
+#: candidate
+CLICK_ITERS = 3
+BOX_ITERS = 4
+COARSE_ITERS = 2
+#: clicks inside a box are hard constraints: discs of CLICK_RADIUS x the frame's short side (at least
+#: MIN_CLICK_RADIUS px)
+CLICK_RADIUS = 0.01
+MIN_CLICK_RADIUS = 2
 
 
 def _disc(shape: tuple[int, int], pts: np.ndarray, r: int) -> np.ndarray:
@@ -26,6 +39,11 @@ def _disc(shape: tuple[int, int], pts: np.ndarray, r: int) -> np.ndarray:
     for x, y in pts:
         cv2.circle(m, (int(round(x)), int(round(y))), r, 1, -1)
     return m.astype(bool)
+
+
+def _click_radius(h: int, w: int) -> int:
+    """Radius (px) of a click's hard-constraint disc in a box (``CLICK_RADIUS``)."""
+    return max(MIN_CLICK_RADIUS, int(round(CLICK_RADIUS * min(h, w))))
 
 
 def _component_at(mask: np.ndarray, pts: np.ndarray) -> np.ndarray:
@@ -79,7 +97,11 @@ VOTES = 3
 
 
 def _grabcut(
-    img: np.ndarray, init: np.ndarray, roi: tuple[int, int, int, int], iters: int = 3, votes: int = 1
+    img: np.ndarray,
+    init: np.ndarray,
+    roi: tuple[int, int, int, int],
+    iters: int = CLICK_ITERS,
+    votes: int = 1,
 ) -> np.ndarray:
     """grabCut in mask mode on ``roi``; ``init`` holds GC_* labels for the whole image.  ``votes`` > 1: the
     pixel-wise majority of that many runs."""
@@ -88,7 +110,7 @@ def _grabcut(
     count = np.zeros((y1 - y0, x1 - x0), np.int32)
     for _ in range(votes):
         sub = init[y0:y1, x0:x1].copy()  # grabCut writes its labels here: each run starts from ``init``
-        bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
+        bgd, fgd = np.zeros((1, GMM_SIZE), np.float64), np.zeros((1, GMM_SIZE), np.float64)
         try:
             cv2.grabCut(
                 crop, sub, (0, 0, 0, 0), bgd, fgd, iters, cv2.GC_INIT_WITH_MASK
@@ -101,12 +123,19 @@ def _grabcut(
     return out
 
 
+#: a region's surroundings, for its distinctness: a ring from OBJECTNESS_GAP px outside it to OBJECTNESS_RING x
+#: the square root of its area (at least OBJECTNESS_MIN_RING px)
+OBJECTNESS_GAP = 2
+OBJECTNESS_RING = 0.3
+OBJECTNESS_MIN_RING = 4
+
+
 def _objectness(qidx: np.ndarray, mask: np.ndarray) -> float:
     """How distinct a candidate region is from its surroundings (Bhattacharyya distance fg vs ring)."""
     m = mask.astype(np.uint8)
-    size = max(4, int(np.sqrt(m.sum()) * 0.3))
-    ring = cv2.dilate(m, np.ones((3, 3), np.uint8), iterations=size).astype(bool) & ~cv2.dilate(
-        m, np.ones((3, 3), np.uint8), iterations=2
+    size = max(OBJECTNESS_MIN_RING, int(np.sqrt(m.sum()) * OBJECTNESS_RING))
+    ring = cv2.dilate(m, NEIGHBOURS, iterations=size).astype(bool) & ~cv2.dilate(
+        m, NEIGHBOURS, iterations=OBJECTNESS_GAP
     ).astype(bool)
     return bhattacharyya(histogram(qidx[mask]), histogram(qidx[ring]))
 
@@ -129,7 +158,9 @@ DISTINCT_WEIGHT = 4.0
 # whole object, and the larger box region is that object plus look-alike background (a smooth ramp, JPEG noise).
 OWN_DISTINCT = 0.95
 COLOUR_MARGIN = 0.2
-COARSE_PIXELS = 12_000  # candidates in larger boxes are segmented on a shrunk image
+COARSE_PIXELS = 12_000  # candidates in larger boxes are segmented on a shrunk image ...
+COARSE_MIN_SHRINK = 1.25  # ... when it shrinks them by more than this
+MIN_COARSE_SIDE = 2  # px of the shrunk image
 
 
 def _coarse_box_mask(
@@ -139,9 +170,9 @@ def _coarse_box_mask(
     ``COARSE_PIXELS`` pixels: a candidate only needs the object's extent, and grabCut's cost grows with the area."""
     h, w = img.shape[:2]
     f = float(np.sqrt((box[2] - box[0]) * (box[3] - box[1]) / COARSE_PIXELS))
-    if f <= 1.25:
-        return mask_from_box(img, box, pos, neg, fallback=False, iters=2)
-    sw, sh = max(2, int(round(w / f))), max(2, int(round(h / f)))
+    if f <= COARSE_MIN_SHRINK:
+        return mask_from_box(img, box, pos, neg, fallback=False, iters=COARSE_ITERS)
+    sw, sh = max(MIN_COARSE_SIDE, int(round(w / f))), max(MIN_COARSE_SIDE, int(round(h / f)))
     sx, sy = sw / w, sh / h
     small = cv2.resize(img, (sw, sh), interpolation=cv2.INTER_AREA)
     scale = np.array([sx, sy], np.float32)
@@ -151,7 +182,7 @@ def _coarse_box_mask(
         pos * scale,
         neg * scale,
         fallback=False,
-        iters=2,
+        iters=COARSE_ITERS,
     )
     return cv2.resize(m.astype(np.uint8), (w, h), interpolation=cv2.INTER_NEAREST).astype(bool)
 
@@ -193,6 +224,33 @@ def _scale_search(img: np.ndarray, qidx: np.ndarray, pos: np.ndarray, neg: np.nd
     return None if best is None else best[1]
 
 
+# A click's colour region: a colour model seeded at a disc of SEED_RADIUS x the frame's short side (at least
+# MIN_SEED_RADIUS px) around each positive click, against the pixels beyond FAR_RADII x that radius, grown to the
+# connected pixels whose likelihood ratio (blurred: ``appearance.REGION_BLUR``) is over REGION_LLR; then the model
+# is re-estimated against the ring around the region (from RING_GAP px to RING_RADII x the seed radius, at least
+# RING_MIN px) and the region grown again, REGION_ROUNDS times in all.  A region over LEAK_AREA of the frame has
+# leaked into the background: it is cut back to LEAK_RADII x the seed radius around the clicks.
+SEED_RADIUS = 0.022
+MIN_SEED_RADIUS = 3
+FAR_RADII = 5
+REGION_LLR = 0.5
+REGION_ROUNDS = 3
+RING_GAP = 2
+RING_RADII = 2
+RING_MIN = 6
+LEAK_AREA = 0.25
+LEAK_RADII = 4
+# grabCut then refines the region in its box padded by GRABCUT_PAD x its size (at least GRABCUT_PAD_RADII x the
+# seed radius): the region's core (eroded by half the seed radius, at least MIN_SURE_RADIUS px) and discs of that
+# radius at the clicks are sure labels, the border of that box sure background.  Its result replaces the region
+# only when its area is within [AGREE_MIN, AGREE_MAX] x the region's.
+GRABCUT_PAD = 0.6
+GRABCUT_PAD_RADII = 3
+MIN_SURE_RADIUS = 2
+AGREE_MIN = 0.3
+AGREE_MAX = 3
+
+
 def mask_from_points(
     img: np.ndarray,
     qidx: np.ndarray,
@@ -208,43 +266,61 @@ def mask_from_points(
     under the click only).  Never empty: falls back to a disc around the clicks.
     """
     h, w = qidx.shape
-    r0 = max(3, int(round(0.022 * min(h, w))))
+    r0 = max(MIN_SEED_RADIUS, int(round(SEED_RADIUS * min(h, w))))
     seeds = pos if len(pos) else np.zeros((0, 2), np.float32)
     if prior is not None and prior.any():
         rough = prior.copy()
     else:
-        seed = _disc((h, w), seeds, r0)
-        far = ~_disc((h, w), seeds, r0 * 5)
-        rough = seed
-        for _ in range(3):
-            model = ColourModel.from_pixels(qidx[rough], qidx[far])
-            llr = cv2.GaussianBlur(model.llr(qidx), (0, 0), 1.5)
-            cand = (llr > 0.5) | seed
-            if len(neg):
-                cand &= ~_disc((h, w), neg, r0)
-            cand = cv2.morphologyEx(cand.astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8)).astype(
-                bool
-            )
-            cand |= seed
-            rough = _fill_holes(_component_at(cand, seeds))
-            if rough.sum() > 0.25 * h * w:  # leaked into the background: stop growing
-                rough = seed | (_disc((h, w), seeds, r0 * 4) & rough)
-                break
-            ring = cv2.dilate(rough.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=max(6, r0 * 2))
-            far = ring.astype(bool) & ~cv2.dilate(
-                rough.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=2
-            ).astype(bool)
+        rough = _colour_region(qidx, seeds, neg, r0)
+    out = _refine_region(img, rough, seeds, neg, r0)
+    if search and prior is None and len(seeds):
+        out = _with_box_search(img, qidx, out, seeds, neg, r0)
+    if not out.any():
+        logger.warning("segmentation of the clicked object came out empty; using a disc around the click")
+        out = _disc((h, w), seeds if len(seeds) else neg, r0)
+    return out
+
+
+def _colour_region(qidx: np.ndarray, seeds: np.ndarray, neg: np.ndarray, r0: int) -> np.ndarray:
+    """The colour region under the clicks ``seeds`` (described above); ``r0``: the seed radius."""
+    h, w = qidx.shape
+    seed = _disc((h, w), seeds, r0)
+    far = ~_disc((h, w), seeds, r0 * FAR_RADII)
+    rough = seed
+    for _ in range(REGION_ROUNDS):
+        model = ColourModel.from_pixels(qidx[rough], qidx[far])
+        llr = cv2.GaussianBlur(model.llr(qidx), (0, 0), REGION_BLUR)
+        cand = (llr > REGION_LLR) | seed
+        if len(neg):
+            cand &= ~_disc((h, w), neg, r0)
+        cand = cv2.morphologyEx(cand.astype(np.uint8), cv2.MORPH_OPEN, NEIGHBOURS).astype(bool)
+        cand |= seed
+        rough = _fill_holes(_component_at(cand, seeds))
+        if rough.sum() > LEAK_AREA * h * w:  # leaked into the background: stop growing
+            rough = seed | (_disc((h, w), seeds, r0 * LEAK_RADII) & rough)
+            break
+        ring = cv2.dilate(rough.astype(np.uint8), NEIGHBOURS, iterations=max(RING_MIN, r0 * RING_RADII))
+        far = ring.astype(bool) & ~cv2.dilate(rough.astype(np.uint8), NEIGHBOURS, iterations=RING_GAP).astype(
+            bool
+        )
+    return rough
+
+
+def _refine_region(
+    img: np.ndarray, rough: np.ndarray, seeds: np.ndarray, neg: np.ndarray, r0: int
+) -> np.ndarray:
+    """The region ``rough`` refined by grabCut (described above), or ``rough`` when grabCut disagrees with it."""
+    h, w = rough.shape
+    sure = max(MIN_SURE_RADIUS, r0 // 2)
     init = np.full((h, w), cv2.GC_PR_BGD, np.uint8)
     init[rough] = cv2.GC_PR_FGD
-    core = cv2.erode(rough.astype(np.uint8), np.ones((3, 3), np.uint8), iterations=max(2, r0 // 2)).astype(
-        bool
-    )
+    core = cv2.erode(rough.astype(np.uint8), NEIGHBOURS, iterations=sure).astype(bool)
     init[core] = cv2.GC_FGD
     if len(seeds):
-        init[_disc((h, w), seeds, max(2, r0 // 2))] = cv2.GC_FGD
+        init[_disc((h, w), seeds, sure)] = cv2.GC_FGD
     if len(neg):
-        init[_disc((h, w), neg, max(2, r0 // 2))] = cv2.GC_BGD
-    x0, y0, x1, y1 = _roi(rough, 0.6, 3 * r0)
+        init[_disc((h, w), neg, sure)] = cv2.GC_BGD
+    x0, y0, x1, y1 = _roi(rough, GRABCUT_PAD, GRABCUT_PAD_RADII * r0)
     border = np.zeros((h, w), bool)
     border[y0:y1, x0:x1] = True
     border[y0 + 1 : y1 - 1, x0 + 1 : x1 - 1] = False
@@ -254,28 +330,33 @@ def mask_from_points(
         out = _component_at(out, seeds) if out.any() else out
     out = _fill_holes(out) if out.any() else out
     area, rough_area = out.sum(), max(1, rough.sum())
-    if not (0.3 * rough_area <= area <= 3 * rough_area):
+    if not (AGREE_MIN * rough_area <= area <= AGREE_MAX * rough_area):
         logger.debug(
             "grabCut disagreed with the colour region (%d vs %d px); keeping the colour region",
             area,
             rough_area,
         )
         out = rough
-    if search and prior is None and len(seeds):
-        alt = _scale_search(img, qidx, seeds, neg)
-        if alt is not None:
-            own = _objectness(qidx, out) if out.any() else 0.0
-            distinct = _objectness(qidx, alt)
-            # the box search is there to find more of the object than the colour region under the click: a region
-            # that is smaller and less distinct than that colour region does not replace it, nor one smaller than the
-            # seed disc at the click (a detail under the click, e.g. a reflection on a car door); nor does one only a
-            # little more distinct than a colour region that is all but perfectly separable (a flat-coloured object)
-            smaller = alt.sum() < out.sum() and (distinct <= own or alt.sum() < np.pi * r0 * r0)
-            if not smaller and (own < OWN_DISTINCT or distinct + COLOUR_MARGIN >= own):
-                out = _fill_holes(alt)
-    if not out.any():
-        logger.warning("segmentation of the clicked object came out empty; using a disc around the click")
-        out = _disc((h, w), seeds if len(seeds) else neg, r0)
+    return out
+
+
+def _with_box_search(
+    img: np.ndarray, qidx: np.ndarray, out: np.ndarray, seeds: np.ndarray, neg: np.ndarray, r0: int
+) -> np.ndarray:
+    """``out`` (the click's region) or the box search's region (``_scale_search``) when that finds more of the
+    object (see ``OWN_DISTINCT``)."""
+    alt = _scale_search(img, qidx, seeds, neg)
+    if alt is None:
+        return out
+    own = _objectness(qidx, out) if out.any() else 0.0
+    distinct = _objectness(qidx, alt)
+    # the box search is there to find more of the object than the colour region under the click: a region that is
+    # smaller and less distinct than that colour region does not replace it, nor one smaller than the seed disc at
+    # the click (a detail under the click, e.g. a reflection on a car door); nor does one only a little more
+    # distinct than a colour region that is all but perfectly separable (a flat-coloured object)
+    smaller = alt.sum() < out.sum() and (distinct <= own or alt.sum() < np.pi * r0 * r0)
+    if not smaller and (own < OWN_DISTINCT or distinct + COLOUR_MARGIN >= own):
+        return _fill_holes(alt)
     return out
 
 
@@ -312,12 +393,12 @@ def _open_holes(
     ring = _around_box(roi, box)
     if not ring.any():
         return mask
-    llr = cv2.GaussianBlur(ColourModel.from_pixels(q[m], q[ring]).llr(q), (0, 0), 1.5)
-    cand = cv2.morphologyEx((m & (llr < 0)).astype(np.uint8), cv2.MORPH_OPEN, np.ones((3, 3), np.uint8))
+    llr = cv2.GaussianBlur(ColourModel.from_pixels(q[m], q[ring]).llr(q), (0, 0), REGION_BLUR)
+    cand = cv2.morphologyEx((m & (llr < 0)).astype(np.uint8), cv2.MORPH_OPEN, NEIGHBOURS)
     n, lab, stats, _ = cv2.connectedComponentsWithStats(cand, connectivity=4)
     if n <= 1:
         return mask
-    outline = m & ~cv2.erode(m.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
+    outline = m & ~cv2.erode(m.astype(np.uint8), NEIGHBOURS).astype(bool)
     touching = np.zeros(n, bool)
     touching[np.unique(lab[outline])] = True
     if keep is not None:
@@ -343,6 +424,15 @@ def _open_holes(
 CONTRAST_BANDS = 4
 CONTRAST_MIN = 0.5
 ALMOST_NOTHING = 0.05  # of the box's area
+BAND_MIN_RING = 50  # ring pixels near a band needed to compare it with them (else: the whole ring)
+CONTRAST_EPS = 1e-5  # added to both histograms' frequencies before their ratio
+CONTRAST_BLUR = 1.0  # Gaussian sigma (px) of the contrast map
+# The grabCut region of a box: the box padded by half its size on each side (at least BOX_MIN_PAD px).  A box under
+# MIN_BOX_SIDE px across is its own mask; grabCut finding almost nothing gives the box's inscribed ellipse, its axes
+# ELLIPSE_AXES x the box's sides.
+BOX_MIN_PAD = 8
+MIN_BOX_SIDE = 2
+ELLIPSE_AXES = 0.9
 
 
 def _box_contrast(
@@ -363,11 +453,11 @@ def _box_contrast(
         near = ring.copy()
         near[: max(0, ya - bh - y0)] = False
         near[max(0, yb + bh - y0) :] = False
-        bg = qr[near] if np.count_nonzero(near) >= 50 else qr[ring]
+        bg = qr[near] if np.count_nonzero(near) >= BAND_MIN_RING else qr[ring]
         band = q[ya:yb, bx0:bx1]
-        table = np.log((histogram(band) + 1e-5) / (histogram(bg) + 1e-5)).astype(np.float32)
+        table = np.log((histogram(band) + CONTRAST_EPS) / (histogram(bg) + CONTRAST_EPS)).astype(np.float32)
         out[ya - by0 : yb - by0] = table[band]
-    return cv2.GaussianBlur(out, (0, 0), 1.0)
+    return cv2.GaussianBlur(out, (0, 0), CONTRAST_BLUR)
 
 
 def mask_from_box(
@@ -376,7 +466,7 @@ def mask_from_box(
     pos: np.ndarray,
     neg: np.ndarray,
     fallback: bool = True,
-    iters: int = 4,
+    iters: int = BOX_ITERS,
     contrast: bool = False,
 ) -> np.ndarray:
     """grabCut inside ``box`` (x0, y0, x1, y1 at working resolution); clicks are hard constraints.  ``contrast``
@@ -386,19 +476,19 @@ def mask_from_box(
     h, w = img.shape[:2]
     bx0, by0 = max(0, int(np.floor(box[0]))), max(0, int(np.floor(box[1])))
     bx1, by1 = min(w, int(np.ceil(box[2]))), min(h, int(np.ceil(box[3])))
-    if bx1 - bx0 < 2 or by1 - by0 < 2:
+    if bx1 - bx0 < MIN_BOX_SIDE or by1 - by0 < MIN_BOX_SIDE:
         out = np.zeros((h, w), bool)
         out[by0 : max(by1, by0 + 1), bx0 : max(bx1, bx0 + 1)] = True
         return out
     init = np.full((h, w), cv2.GC_BGD, np.uint8)
     init[by0:by1, bx0:bx1] = cv2.GC_PR_FGD
-    r = max(2, int(round(0.01 * min(h, w))))
+    r = _click_radius(h, w)
     clicked = _disc((h, w), pos, r) if len(pos) else None
     if clicked is not None:
         init[clicked] = cv2.GC_FGD
     if len(neg):
         init[_disc((h, w), neg, r)] = cv2.GC_BGD
-    pw, ph = max(8, (bx1 - bx0) // 2), max(8, (by1 - by0) // 2)
+    pw, ph = max(BOX_MIN_PAD, (bx1 - bx0) // 2), max(BOX_MIN_PAD, (by1 - by0) // 2)
     roi = (max(0, bx0 - pw), max(0, by0 - ph), min(w, bx1 + pw), min(h, by1 + ph))
     area = (bx1 - bx0) * (by1 - by0)
     out = np.zeros((h, w), bool)
@@ -421,7 +511,14 @@ def mask_from_box(
         logger.warning("grabCut found almost nothing in box %s; using the box's inscribed ellipse", box)
         out = np.zeros((h, w), np.uint8)
         cv2.ellipse(
-            out, (((bx0 + bx1) / 2, (by0 + by1) / 2), ((bx1 - bx0) * 0.9, (by1 - by0) * 0.9), 0.0), 1, -1
+            out,
+            (
+                ((bx0 + bx1) / 2, (by0 + by1) / 2),
+                ((bx1 - bx0) * ELLIPSE_AXES, (by1 - by0) * ELLIPSE_AXES),
+                0.0,
+            ),
+            1,
+            -1,
         )
         out = out.astype(bool)
     return out
@@ -459,6 +556,19 @@ TEXTURE = 100.0  # structure-tensor eigenvalue over which a pixel is textured (f
 # with the cap 0.71).  Only for a box prompt's check: in a click's checks (its region growth and its box-style
 # check) it took in more background (hockey, horsejump-high): click wrong-object rate 6.4 % -> 7.7 % over 3 seeds.
 HEAVY_TAIL = 3.0
+BG_PERCENTILE = 90  # the background's residual level: this percentile of its residuals (capped as above)
+# The background's motion is fitted to the flow on a grid of one point every BG_GRID px (outside the box), with at
+# least BG_MIN_POINTS points, RANSAC inlier threshold BG_RANSAC_PX
+BG_GRID = 8
+BG_MIN_POINTS = 12
+BG_RANSAC_PX = 1.0
+MIN_MOVING_PX = 1.0  # a pixel moves only when its residual is also over this many px
+MIN_LEVEL = 0.5  # px: the background's residual level is at least this for the "surely background" test
+TEXTURE_WINDOW = 7  # px: window of the structure tensor
+MOTION_PERCENTILE = 75  # ``box_motion``: this percentile of the mask's residuals
+CORE_ERODE = 2  # px the moving part of the mask is eroded by to give grabCut's sure object
+BOX_ROI_PAD = 0.5  # grabCut runs in the box padded by this x its size ...
+BOX_ROI_MIN_PAD = 8  # ... and at least this many px
 
 
 def padded_box(mask: np.ndarray, pad: float) -> tuple[float, float, float, float]:
@@ -483,14 +593,14 @@ def _residual(flow: np.ndarray, exclude: np.ndarray, robust: bool = False) -> tu
     percentile outside ``exclude`` (``robust``: capped at ``HEAVY_TAIL`` x its median there).  Background motion:
     an affine map fitted by RANSAC to the flow on a grid outside ``exclude``.  None when it cannot be fitted."""
     h, w = exclude.shape
-    ys, xs = np.mgrid[4:h:8, 4:w:8]
+    ys, xs = np.mgrid[BG_GRID // 2 : h : BG_GRID, BG_GRID // 2 : w : BG_GRID]
     ys, xs = ys.ravel(), xs.ravel()
     sel = ~exclude[ys, xs]
-    if sel.sum() < 12:
+    if sel.sum() < BG_MIN_POINTS:
         return None
     src = np.stack([xs[sel], ys[sel]], 1).astype(np.float32)
     bg, _ = cv2.estimateAffine2D(
-        src, src + flow[ys[sel], xs[sel]], method=cv2.RANSAC, ransacReprojThreshold=1.0
+        src, src + flow[ys[sel], xs[sel]], method=cv2.RANSAC, ransacReprojThreshold=BG_RANSAC_PX
     )
     if bg is None:
         return None
@@ -499,7 +609,7 @@ def _residual(flow: np.ndarray, exclude: np.ndarray, robust: bool = False) -> tu
     ry = flow[..., 1] - (bg[1, 0] * gx + bg[1, 1] * gy + bg[1, 2] - gy)
     resid = np.sqrt(rx * rx + ry * ry)
     out = resid[~exclude]
-    p90 = float(np.percentile(out, 90))
+    p90 = float(np.percentile(out, BG_PERCENTILE))
     return resid, min(p90, HEAVY_TAIL * float(np.median(out))) if robust else p90
 
 
@@ -507,7 +617,7 @@ def _moving(flow: np.ndarray, exclude: np.ndarray) -> np.ndarray | None:
     """Pixels whose flow the background's motion does not explain: residual (``_residual``) over
     ``MOVING_FACTOR`` x its 90th percentile outside ``exclude``, and over 1 px."""
     r = _residual(flow, exclude)
-    return None if r is None else r[0] > max(1.0, MOVING_FACTOR * r[1])
+    return None if r is None else r[0] > max(MIN_MOVING_PX, MOVING_FACTOR * r[1])
 
 
 def _textured(img: np.ndarray) -> np.ndarray:
@@ -515,7 +625,8 @@ def _textured(img: np.ndarray) -> np.ndarray:
     ``TEXTURE`` (flat regions - sky, a painted wall - get whatever flow their surroundings have)."""
     g = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY).astype(np.float32)
     gx, gy = cv2.Sobel(g, cv2.CV_32F, 1, 0), cv2.Sobel(g, cv2.CV_32F, 0, 1)
-    jxx, jyy, jxy = cv2.blur(gx * gx, (7, 7)), cv2.blur(gy * gy, (7, 7)), cv2.blur(gx * gy, (7, 7))
+    win = (TEXTURE_WINDOW, TEXTURE_WINDOW)
+    jxx, jyy, jxy = cv2.blur(gx * gx, win), cv2.blur(gy * gy, win), cv2.blur(gx * gy, win)
     return 0.5 * (jxx + jyy - np.sqrt((jxx - jyy) ** 2 + 4 * jxy**2)) > TEXTURE
 
 
@@ -526,7 +637,7 @@ def box_motion(box: tuple[float, float, float, float], mask: np.ndarray, flow: n
     if not mask.any():
         return 0.0
     r = _residual(flow, _inside(mask.shape, box))
-    return 0.0 if r is None else float(np.percentile(r[0][mask], 75))
+    return 0.0 if r is None else float(np.percentile(r[0][mask], MOTION_PERCENTILE))
 
 
 def refine_box_by_motion(
@@ -558,18 +669,18 @@ def refine_box_by_motion(
     if r is None:
         return None
     resid, p90 = r
-    moving = inbox & (resid > max(1.0, MOVING_FACTOR * p90))
-    core = cv2.erode((moving & mask).astype(np.uint8), np.ones((3, 3), np.uint8), iterations=2).astype(bool)
+    moving = inbox & (resid > max(MIN_MOVING_PX, MOVING_FACTOR * p90))
+    core = cv2.erode((moving & mask).astype(np.uint8), NEIGHBOURS, iterations=CORE_ERODE).astype(bool)
     if not core.any():
         return None
     init = np.full((h, w), cv2.GC_BGD, np.uint8)
     init[inbox] = cv2.GC_PR_BGD
     init[moving] = cv2.GC_PR_FGD
     # textured pixels that move exactly like the background are background, whatever their colour
-    still = inbox & (resid < STATIC_FACTOR * max(p90, 0.5)) & _textured(img)
+    still = inbox & (resid < STATIC_FACTOR * max(p90, MIN_LEVEL)) & _textured(img)
     init[still] = cv2.GC_BGD
     init[core] = cv2.GC_FGD
-    r0 = max(2, int(round(0.01 * min(h, w))))
+    r0 = _click_radius(h, w)
     seeds = core.copy()
     if pos is not None and len(pos):
         clicked = _disc((h, w), pos, r0)
@@ -577,7 +688,7 @@ def refine_box_by_motion(
         seeds |= clicked
     if neg is not None and len(neg):
         init[_disc((h, w), neg, r0)] = cv2.GC_BGD
-    bx0, by0, bx1, by1 = _roi(inbox, 0.5, 8)
+    bx0, by0, bx1, by1 = _roi(inbox, BOX_ROI_PAD, BOX_ROI_MIN_PAD)
     out = _grabcut(img, init, (bx0, by0, bx1, by1), votes=votes)
     n, lab = cv2.connectedComponents(out.astype(np.uint8), connectivity=8)
     if n > 1:  # a look-alike static region that does not touch the moving object is not part of it
@@ -604,11 +715,16 @@ CLICK_CHECK_FRAMES = (3, 6)
 CLICK_AGREE = 0.65
 CLICK_MIN_MOVING = 0.3  # at least this fraction of the click's mask must move against the background
 CLICK_MAX_AREA = 0.4  # the moving region may cover at most this fraction of the frame
+CLICK_EXCLUDE_PAD = 0.3  # the background's motion is fitted outside the mask's box padded by this x its size
+CLICK_OPEN = 5  # px: the moving pixels are opened with a square of this side (flow noise)
+CLICK_BOX_PAD = 0.1  # the moving region's box, padded by this x its size, is checked as a box prompt
+BORDER = 2  # px: a mask this near the frame's edge touches its border
 
 
 def touches_border(mask: np.ndarray) -> bool:
-    """Whether ``mask`` reaches within 2 pixels of the frame's border."""
-    return bool(mask[:2].any() or mask[-2:].any() or mask[:, :2].any() or mask[:, -2:].any())
+    """Whether ``mask`` reaches within ``BORDER`` pixels of the frame's border."""
+    b = BORDER
+    return bool(mask[:b].any() or mask[-b:].any() or mask[:, :b].any() or mask[:, -b:].any())
 
 
 def refine_click_by_motion(
@@ -619,26 +735,28 @@ def refine_click_by_motion(
     neg: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """The click's mask ``mask`` on its frame ``img``, re-segmented with the motion ``flow`` to a later frame: the
-    box of the region that moves against the background (fitted outside the mask's box padded by 30 %) and is
-    connected to the mask, 10 % larger, checked by ``refine_box_by_motion`` (the clicks ``pos``/``neg`` stay hard
+    box of the region that moves against the background (fitted outside the mask's box padded by
+    ``CLICK_EXCLUDE_PAD``) and is connected to the mask, padded by ``CLICK_BOX_PAD``, checked by ``refine_box_by_motion`` (the clicks ``pos``/``neg`` stay hard
     constraints).  None when the mask does not move against the background, the moving region is too large, or
     the result leaves the click's own frame border."""
     h, w = mask.shape
     if not mask.any():
         return None
-    moving = _moving(flow, _inside((h, w), padded_box(mask, 0.3)))
+    moving = _moving(flow, _inside((h, w), padded_box(mask, CLICK_EXCLUDE_PAD)))
     if moving is None:
         return None
-    moving = cv2.morphologyEx(moving.astype(np.uint8), cv2.MORPH_OPEN, np.ones((5, 5), np.uint8)).astype(bool)
+    moving = cv2.morphologyEx(
+        moving.astype(np.uint8), cv2.MORPH_OPEN, np.ones((CLICK_OPEN, CLICK_OPEN), np.uint8)
+    ).astype(bool)
     if (moving & mask).sum() < CLICK_MIN_MOVING * mask.sum():
         return None
     if neg is not None and len(neg):
-        moving &= ~_disc((h, w), neg, max(2, int(round(0.01 * min(h, w)))))
+        moving &= ~_disc((h, w), neg, _click_radius(h, w))
     # the moving region connected to the mask, and every part of the mask (several clicks: several parts)
     region = _component_at(moving | mask, np.argwhere(mask)[:1, ::-1].astype(np.float32)) | mask
     if region.sum() > CLICK_MAX_AREA * h * w:
         return None
-    out = refine_box_by_motion(img, padded_box(region, 0.1), mask, flow, pos, neg)
+    out = refine_box_by_motion(img, padded_box(region, CLICK_BOX_PAD), mask, flow, pos, neg)
     if out is None or (touches_border(out) and not touches_border(mask)):
         return None
     return out
