@@ -166,6 +166,33 @@ def _check_outs(path: str | Path, streams: dict[str, TrackSettings]) -> None:
         owner[key] = name
 
 
+def _stream_tables(path: str | Path, tables: object, base: Path) -> dict[str, TrackSettings]:
+    """The ``[[streams]]`` tables as each stream's settings, by name; :class:`ConfigError` naming the stream."""
+    if not isinstance(tables, list) or not tables:
+        raise ConfigError(f"{path}: no streams: add one [[streams]] table per source")
+    streams: dict[str, TrackSettings] = {}
+    for i, table in enumerate(tables):
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: streams[{i}] must be a table")
+        table = dict(table)
+        name = str(table.pop("name", f"stream{i + 1}"))
+        if name in streams:
+            raise ConfigError(f"{path}: two streams are named {name!r}; names must be unique")
+        shared = sorted(set(table) & {*_TRACKER_SETTINGS, "tracker"})
+        if shared:
+            raise ConfigError(
+                f"{path}: stream {name!r} sets {', '.join(shared)}: the tracker is shared by every stream; "
+                "set it once in the [tracker] table"
+            )
+        table["__base__"] = base
+        try:
+            streams[name] = merge_settings(table, {})
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: stream {name!r}: {exc}") from None
+        streams[name].quiet = True
+    return streams
+
+
 def load_deploy(path: str | Path) -> DeployConfig:
     """Read and check a deployment file.  Raises :class:`ConfigError` naming the stream and key at fault."""
     raw = read_toml(path, "deployment file")
@@ -208,29 +235,7 @@ def load_deploy(path: str | Path) -> DeployConfig:
     port = metrics.get("port")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536):
         raise ConfigError(f"{path}: [metrics] port must be 0..65535, got {port!r}")
-    tables = raw.get("streams")
-    if not isinstance(tables, list) or not tables:
-        raise ConfigError(f"{path}: no streams: add one [[streams]] table per source")
-    streams: dict[str, TrackSettings] = {}
-    for i, table in enumerate(tables):
-        if not isinstance(table, dict):
-            raise ConfigError(f"{path}: streams[{i}] must be a table")
-        table = dict(table)
-        name = str(table.pop("name", f"stream{i + 1}"))
-        if name in streams:
-            raise ConfigError(f"{path}: two streams are named {name!r}; names must be unique")
-        shared = sorted(set(table) & {*_TRACKER_SETTINGS, "tracker"})
-        if shared:
-            raise ConfigError(
-                f"{path}: stream {name!r} sets {', '.join(shared)}: the tracker is shared by every stream; "
-                "set it once in the [tracker] table"
-            )
-        table["__base__"] = base
-        try:
-            streams[name] = merge_settings(table, {})
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: stream {name!r}: {exc}") from None
-        streams[name].quiet = True
+    streams = _stream_tables(path, raw.get("streams"), base)
     _check_outs(path, streams)
     if (
         workers is None
