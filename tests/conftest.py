@@ -14,7 +14,7 @@ pytest_plugins = ["skip_guard"]  # under CI, a skip for a missing install fails 
 def sam2_tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
     """``sam2_tiny(family) -> (checkpoint_dir, export_dir)`` for family in sam2 / edgetam / sam3_tracker.
 
-    The checkpoint comes from ``tests/sam2_reference.save_tiny`` (random weights, no downloads); the export is
+    The checkpoint comes from ``tests/fakes/sam2_reference.save_tiny`` (random weights, no downloads); the export is
     ``vostream export``'s.  Skips when torch / transformers are not installed."""
     cache: dict[str, tuple[Path, Path]] = {}
 
@@ -22,7 +22,7 @@ def sam2_tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple
         if family not in cache:
             pytest.importorskip("torch")
             pytest.importorskip("transformers")
-            import sam2_reference as ref
+            from fakes import sam2_reference as ref
 
             from vostream.apps.export import export_model
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from media import make_video, square_frames, square_mask
+from fakes.media import make_video, square_frames, square_mask
 from PIL import Image
 from pycocotools import mask as mask_utils
 

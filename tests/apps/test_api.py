@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from media import make_video, square_frames, square_mask
+from fakes.media import make_video, square_frames, square_mask
 
 import vostream
 
@@ -84,7 +84,7 @@ def test_the_readmes_python_example_runs(tmp_path, monkeypatch):
     """The README's "From Python" block, run as written on an 854x480 clip named video.mp4 (docs that run)."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     block = next(b.split("```", 1)[0] for b in readme.split("```python\n")[1:] if "import vostream" in b)
     make_video(tmp_path / "video.mp4", square_frames(60, 854, 480, size=120, step=3), fps=25)
     monkeypatch.chdir(tmp_path)

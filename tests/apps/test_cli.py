@@ -13,7 +13,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
-from media import copy_to, make_frame_dir, make_video, moving_square_clip, square_frames, square_mask
+from fakes.media import copy_to, make_frame_dir, make_video, moving_square_clip, square_frames, square_mask
 from PIL import Image
 from pycocotools import mask as mask_utils
 
@@ -158,7 +158,7 @@ def test_bad_input_one_line_error(tmp_path, case):
 
 
 def test_zero_frame_video(tmp_path):
-    from media import empty_clip
+    from fakes.media import empty_clip
 
     r = run_cli("track", empty_clip(), "--point", "1,1", "--out", tmp_path / "o")
     assert r.returncode == 3 and "no frames" in r.stderr and "Traceback" not in r.stderr, r.stderr

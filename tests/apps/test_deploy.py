@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from media import make_video, square_frames, square_mask
-from rtsp_server import RtspServer, server_available
-from waiting import wait_until
+from fakes.media import make_video, square_frames, square_mask
+from fakes.rtsp_server import RtspServer, server_available
+from fakes.waiting import wait_until
 
 from vostream.apps import deploy
 from vostream.apps.cli import main

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from media import moving_square_clip, square_mask
+from fakes.media import moving_square_clip, square_mask
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "samples" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "samples" / "examples"
 
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:

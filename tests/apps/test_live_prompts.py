@@ -2,7 +2,7 @@
 
 Unit level: :func:`load_live_prompts` parsing and its one-line errors, :class:`PromptTimer` driven by hand with a
 manual clock and a fake source.  End to end: ``vostream track rtsp://...`` (Python API and CLI) against GStreamer's
-RTSP server on loopback (``tests/rtsp_server.py``): an object added ``after_s`` seconds after the first frame shows
+RTSP server on loopback (``tests/fakes/rtsp_server.py``): an object added ``after_s`` seconds after the first frame shows
 up in the outputs from about the right frame on and matches the scene's ground truth; a bad file fails in one line.
 """
 
@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from media import media_dir
+from fakes.live_clips import write_clip
+from fakes.media import media_dir
+from fakes.rtsp_server import RtspServer, server_available, serving
 from PIL import Image
-from rtsp_server import RtspServer, server_available, serving
-from test_live import write_clip
 
 from vostream.apps.config import TrackSettings
 from vostream.apps.live_prompts import PromptTimer, TimedPrompt, load_live_prompts

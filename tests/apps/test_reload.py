@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from media import make_video, square_box, square_frames, square_mask
+from fakes.media import make_video, square_box, square_frames, square_mask
+from fakes.rtsp_server import RtspServer, server_available
+from fakes.waiting import wait_until
 from PIL import Image
-from rtsp_server import RtspServer, server_available
-from waiting import wait_until
 
 from vostream.apps import deploy
 from vostream.apps.model_watch import ModelWatcher, directory_signature

@@ -1,5 +1,5 @@
 """``vostream serve rtsp://...``: a live RTSP feed in the viewer, driven by a plain websockets client against
-GStreamer's RTSP server on loopback (``tests/rtsp_server.py``): open, first frame, pause (display frozen, feed
+GStreamer's RTSP server on loopback (``tests/fakes/rtsp_server.py``): open, first frame, pause (display frozen, feed
 drained), a prompt on the frozen frame, masks that match the scene's ground truth (frames matched by index, which
 follows the stream's pts), seek/export refused, source state in stats, and the ``--allow-url`` rules."""
 
@@ -13,8 +13,8 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
-from rtsp_server import RtspServer, server_available, serving
-from test_live import scene, scene_clip
+from fakes.live_clips import deform_clip, deform_scene
+from fakes.rtsp_server import RtspServer, server_available, serving
 from test_serve import ack, hello, pack, recv
 from websockets.sync.client import connect
 
@@ -31,7 +31,7 @@ needs_server = pytest.mark.skipif(server_available() is not None, reason=str(ser
 
 @pytest.fixture
 def rtsp_server() -> Iterator[RtspServer]:
-    yield from serving(scene_clip())
+    yield from serving(deform_clip())
 
 
 def interior_point(mask: np.ndarray) -> list[int]:
@@ -95,7 +95,7 @@ def reply(ws: Any, types: tuple[str, ...], timeout: float = 10.0) -> dict:
 
 @needs_server
 def test_live_rtsp_session_prompt_masks_and_refusals(rtsp_server: RtspServer, tmp_path: Path) -> None:
-    sc = scene()
+    sc = deform_scene()
     cfg = ServerConfig(port=0, media_root=str(tmp_path), allow_exact_urls=(rtsp_server.url,))
     with ServerThread(cfg) as st, connect(f"ws://127.0.0.1:{st.port}/ws", max_size=2**24) as ws:
         hello(ws)

@@ -7,7 +7,7 @@ import json
 import av
 import numpy as np
 import pytest
-from media import make_video, square_frames, square_mask
+from fakes.media import make_video, square_frames, square_mask
 from PIL import Image
 
 from vostream.apps.config import TrackSettings

@@ -2028,7 +2028,7 @@ _SUBMODULES = ("rt", "mdl", "media", "op", "blas", "util", "prof", "himpi", "fv"
 
 
 def _build_module() -> types.ModuleType:
-    root = types.ModuleType("acl", "Fake pyACL from tests/fake_acl.py (no Ascend device).")
+    root = types.ModuleType("acl", "Fake pyACL from tests/fakes/fake_acl.py (no Ascend device).")
     root.__file__ = __file__
     root.__vostream_fake__ = True  # type: ignore[attr-defined]
     subs = {name: types.ModuleType(f"acl.{name}") for name in _SUBMODULES}
@@ -2240,17 +2240,17 @@ def api_names() -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Running vostream on the fake: ``python tests/fake_acl.py <vostream arguments>``
+# Running vostream on the fake: ``python tests/fakes/fake_acl.py <vostream arguments>``
 # ----------------------------------------------------------------------------------------------------------------
 
 #: environment variable with a JSON object of :class:`FakeConfig` fields, applied wherever the fake is installed by
 #: :func:`main` or by an ``acl`` shim (:func:`write_shim`), child processes included
 CONFIG_ENV = "FAKE_ACL_CONFIG"
 
-_SHIM = """# written by tests/fake_acl.py: 'import acl' here gives the fake pyACL (configured from ${env})
+_SHIM = """# written by tests/fakes/fake_acl.py: 'import acl' here gives the fake pyACL (configured from ${env})
 import json, os, sys
 sys.path.insert(0, {tests!r})
-import fake_acl
+from fakes import fake_acl
 fake_acl.configure(**json.loads(os.environ.get({env!r}) or "{{}}"))
 sys.modules["acl"] = fake_acl.install()
 """
@@ -2260,28 +2260,29 @@ def write_shim(directory: str | os.PathLike[str]) -> str:
     """Write ``directory/acl.py``: a module that, when imported as ``acl``, installs this fake in its place.  Put
     ``directory`` on ``PYTHONPATH`` so child processes (``vostream doctor``'s probe) get the fake too."""
     path = os.path.join(os.fspath(directory), "acl.py")
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__))
+    )  # tests/, which holds the fakes package
     with open(path, "w") as f:
         f.write(_SHIM.replace("${env}", CONFIG_ENV).format(tests=here, env=CONFIG_ENV))
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python tests/fake_acl.py <vostream arguments>``: ``vostream`` with this fake as ``acl`` and the fake ATC
-    (``tests/fake_atc.py``) as ``atc`` on ``PATH``, in this process and in its child processes; no NPU, no CANN.
+    """``python tests/fakes/fake_acl.py <vostream arguments>``: ``vostream`` with this fake as ``acl`` and the fake ATC
+    (``tests/fakes/fake_atc.py``) as ``atc`` on ``PATH``, in this process and in its child processes; no NPU, no CANN.
     ``FAKE_ACL_CONFIG='{"hbm_bytes": 1073741824}'`` configures the fake device (:class:`FakeConfig`)."""
     import json
     import tempfile
 
-    import fake_atc
-
+    from fakes import fake_atc
     from vostream.apps.cli import main as vostream_main
 
     argv = sys.argv[1:] if argv is None else argv
     with tempfile.TemporaryDirectory(prefix="fake-acl-") as tmp:
         fake_atc.install(tmp)
         write_shim(tmp)
-        here = os.path.dirname(os.path.abspath(__file__))
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: 'import fakes' there
         saved = {k: os.environ.get(k) for k in ("PATH", "PYTHONPATH")}
         os.environ["PATH"] = os.pathsep.join([tmp, os.environ.get("PATH", "")])
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, here, os.environ.get("PYTHONPATH")) if p)
@@ -2335,7 +2336,9 @@ __all__ = [
 ]
 
 if __name__ == "__main__":
-    # tests/ is sys.path[0]: import this file once more as ``fake_acl``, the module everything else imports
-    import fake_acl as _self
+    # tests/fakes/ is sys.path[0]: put tests/ first and import this file once more as ``fakes.fake_acl``, the
+    # module everything else imports
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from fakes import fake_acl as _self
 
     raise SystemExit(_self.main(sys.argv[1:]))

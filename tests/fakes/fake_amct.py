@@ -6,7 +6,7 @@ Run as a script it checks its arguments the way the AMCT ONNX command line docum
 ``--data_types "float32;int64"``, ``--batch_num N``): every data directory exists and holds at least ``N`` ``.bin``
 files, each exactly ``prod(shape) * itemsize`` bytes.  It then writes ``<save_path>_deploy_model.onnx`` and
 ``<save_path>_fake_quant_model.onnx`` as copies of the model (no quantization: the fake checks the plumbing, not the
-numbers), which the fake ``atc`` (``tests/fake_atc.py``) turns into ``.om`` stand-ins.
+numbers), which the fake ``atc`` (``tests/fakes/fake_atc.py``) turns into ``.om`` stand-ins.
 
 Environment: ``FAKE_AMCT_LOG=FILE`` appends one JSON line per invocation (argv, cwd, bin files per input).
 
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def install(bindir: str | os.PathLike[str]) -> Path:
     """Write ``bindir/amct_onnx``, an executable that runs this script with the current Python; returns its path."""
-    from fake_atc import install_script
+    from fakes.fake_atc import install_script
 
     return install_script(bindir, "amct_onnx", __file__)
 

@@ -1,7 +1,7 @@
 """A fake ATC (``atc``, the CANN model converter) for machines without CANN.
 
 Run as a script it behaves like ``atc --framework=5 --model=X.onnx --output=OUT ...``: it checks its arguments
-like ATC would and writes ``OUT.om`` = the ONNX file plus the ATC options the fake pyACL (``tests/fake_acl.py``)
+like ATC would and writes ``OUT.om`` = the ONNX file plus the ATC options the fake pyACL (``tests/fakes/fake_acl.py``)
 needs (``input_shape``, ``dynamic_dims``) as ``fake_acl.*`` ONNX metadata, appended as protobuf field 14
 (``ModelProto.metadata_props``) so it starts fast without importing onnx.
 

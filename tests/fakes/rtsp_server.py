@@ -2,7 +2,7 @@
 
 Run it with Debian's interpreter, ``/usr/bin/python3`` (Debian's ``python3-gi`` binds only to it)::
 
-    /usr/bin/python3 tests/rtsp_server.py --file clip.mp4 --port 0 --path /live
+    /usr/bin/python3 tests/fakes/rtsp_server.py --file clip.mp4 --port 0 --path /live
 
 It prints ``READY <port>`` on stdout once it listens (``--port 0`` picks a free port; pass the same port again to
 restart a killed server at the same URL) and serves until SIGTERM/SIGINT.  Every client gets its own pipeline that
@@ -10,7 +10,7 @@ plays the file from its first frame at its native rate (``filesrc ! qtdemux ! h2
 first frame a client decodes is frame 0 of the file and a client's presentation times map to file frames.
 At the end of the file the server ends the session (clients see a clean end of stream, i.e. a disconnect).
 
-The tests start it through the ``rtsp_server`` fixture (``tests/test_live.py``), which kills it on teardown; the
+The tests start it through the ``rtsp_server`` fixture (``tests/sources/test_live.py``), which kills it on teardown; the
 process may also be stopped with SIGSTOP to simulate a stalled camera.  Not part of the installed package.
 """
 

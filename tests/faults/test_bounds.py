@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import harness
-import media
 import numpy as np
 import pytest
+from fakes import harness, media
 from PIL import Image
 
 W, H, COUNT, BAD = 192, 128, 20, 10

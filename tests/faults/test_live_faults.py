@@ -1,5 +1,5 @@
 """Faults of the live path, against real parts on loopback: GStreamer's RTSP server as the input camera
-(``tests/rtsp_server.py``) and a PyAV RTSP listener as the relay that receives the annotated output."""
+(``tests/fakes/rtsp_server.py``) and a PyAV RTSP listener as the relay that receives the annotated output."""
 
 from __future__ import annotations
 
@@ -16,13 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import av
-import harness
 import numpy as np
 import pytest
-from media import media_dir
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rtsp_server import RtspServer, server_available  # noqa: E402
+from fakes import harness
+from fakes.media import media_dir
+from fakes.rtsp_server import RtspServer, server_available  # noqa: E402
 
 needs_server = pytest.mark.skipif(server_available() is not None, reason=str(server_available()))
 
@@ -48,7 +46,7 @@ def noise_clip(width: int = 480, height: int = 360, frames: int = 150, fps: int 
     return path
 
 
-#: the relay: a PyAV RTSP listener that receives the published stream (as in tests/test_rtsp_out.py)
+#: the relay: a PyAV RTSP listener that receives the published stream (as in tests/sinks/test_rtsp_out.py)
 LISTENER = (
     "import av, sys\n"
     "c = av.open(sys.argv[1], options={'rtsp_flags': 'listen', 'listen_timeout': '60'}, timeout=(65, 10))\n"

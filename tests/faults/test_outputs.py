@@ -9,10 +9,9 @@ import os
 import time
 from pathlib import Path
 
-import harness
-import media
 import numpy as np
 import pytest
+from fakes import harness, media
 
 W, H = 160, 96
 
@@ -198,10 +197,8 @@ def test_sigterm_during_export_removes_staging_dir(tmp_path):
     """SIGTERM while ``vostream export`` writes its graphs used to kill it (exit -15) and leave the hidden staging
     directory ``.OUT.xxxx`` with partial graphs.  Now: exit 130, one line, no staging directory, no OUT."""
     import signal
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import sam2_reference as ref
+    from fakes import sam2_reference as ref
 
     ckpt = ref.save_tiny("sam2", tmp_path / "ckpt")
     out = tmp_path / "exports" / "tiny"
@@ -319,10 +316,8 @@ def test_export_check_accepts_faithful_exports_of_random_tiny_models(tmp_path, f
     SAM 2 exports ("max |onnx - torch| 0.000977 > 0.0001 on output maskmem", seeds 1 and 4): the memory bank is
     rounded to bfloat16, and values within 1e-4 before that rounding can land one or two bf16 steps apart (0.0111
     vs 0.0110: 1.2e-4).  Now bf16 outputs are compared with one bf16 step on top of the fp32 tolerance."""
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import sam2_reference as ref
+    from fakes import sam2_reference as ref
 
     from vostream.apps.export import export_model
 

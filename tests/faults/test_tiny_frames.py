@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import harness
 import numpy as np
 import pytest
+from fakes import harness
 from PIL import Image
 
 

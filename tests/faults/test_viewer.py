@@ -9,10 +9,9 @@ import socket
 import time
 from pathlib import Path
 
-import harness
-import media
 import msgpack
 import pytest
+from fakes import harness, media
 from websockets.sync.client import connect
 
 from vostream.apps.serve import media as serve_media

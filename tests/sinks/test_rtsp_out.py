@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from rtsp_server import RtspServer, server_available
-from test_live import FAST, scene_clip
+from fakes.live_clips import FAST, deform_clip, deform_scene
+from fakes.rtsp_server import RtspServer, server_available
 
 from vostream.pipeline import Pipeline
 from vostream.pipeline.errors import ConfigError
@@ -134,7 +134,7 @@ def test_banner_while_the_input_feed_is_down(listener: Listener) -> None:
     """RTSP in → RTSP out: the input server is killed for 2 s; the output stays up with banner frames, then
     carries the feed again after the source reconnected."""
     before = {t.name for t in threading.enumerate() if t.name.startswith("vostream")}
-    server = RtspServer(scene_clip()).start()
+    server = RtspServer(deform_clip()).start()
     try:
         source = LiveSource(server.url, read_timeout=2, reconnect=FAST)
         out = RtspSinkSpec(listener.url, fps=30, lost_after_s=0.5)
@@ -207,12 +207,10 @@ def test_output_reconnects_when_the_server_goes_away(tmp_path: Path) -> None:
 def test_cli_track_rtsp_in_rtsp_out(
     listener: Listener, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from test_live import scene
-
     from vostream.apps.cli import main
 
-    x, y = scene().click(1)
-    with RtspServer(scene_clip()) as server:
+    x, y = deform_scene().click(1)
+    with RtspServer(deform_clip()) as server:
         server.start()
         rc = main(
             [

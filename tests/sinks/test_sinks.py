@@ -11,7 +11,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
-from media import square_frame, square_mask
+from fakes.media import square_frame, square_mask
 from PIL import Image
 from pycocotools import mask as mask_utils
 

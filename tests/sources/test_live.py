@@ -1,5 +1,5 @@
 """Live sources: the supervisor's state machine and backoff, option handling (RTSP, V4L2 without a device), and
-real RTSP feeds from GStreamer's RTSP server on loopback (``tests/rtsp_server.py``): tracking over RTSP, a server
+real RTSP feeds from GStreamer's RTSP server on loopback (``tests/fakes/rtsp_server.py``): tracking over RTSP, a server
 killed and restarted, a stalled server (SIGSTOP), a slow tracker on a 30 fps feed, a blocked pipeline, HTTP."""
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import av
 import numpy as np
 import pytest
-from media import media_dir
-from rtsp_server import RtspServer, server_available, serving
-from waiting import wait_until
+from fakes.live_clips import FAST, FPS, deform_clip, deform_scene, write_clip
+from fakes.rtsp_server import RtspServer, server_available, serving
+from fakes.waiting import wait_until
 
 from vostream.pipeline import Pipeline
 from vostream.pipeline.errors import ConfigError, SourceError
@@ -36,44 +35,17 @@ from vostream.pipeline.reconnect import (
 )
 from vostream.pipeline.testing import ListSinkSpec, SlowStage
 from vostream.pipeline.types import Prompt
-from vostream.samples.scenes import iou, render_scene
+from vostream.samples.scenes import iou
 from vostream.stages.sources import live
 from vostream.stages.sources.live import LiveSource, open_options, v4l2_options
 
-W, H, FPS, N = 320, 240, 30, 300
-FAST = ReconnectPolicy(initial_s=0.2, max_s=1.0)
-
 needs_server = pytest.mark.skipif(server_available() is not None, reason=str(server_available()))
-
-
-@functools.cache
-def scene() -> Any:
-    return render_scene("deform", W, H, frames=N)
-
-
-def write_clip(
-    path: Path, frames: np.ndarray, fps: int = FPS, gop: int = FPS, fmt: str | None = None
-) -> Path:
-    """H.264 with a keyframe every ``gop`` frames (a camera-like GOP: a client can join within a second)."""
-    with av.open(str(path), "w", format=fmt) as out:
-        stream = out.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-        stream.options = {"crf": "18", "preset": "veryfast", "g": str(gop), "bf": "0"}
-        for img in frames:
-            out.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")))
-        out.mux(stream.encode(None))
-    return path
-
-
-@functools.cache
-def scene_clip() -> Path:
-    return write_clip(media_dir() / "live_deform.mp4", scene().frames)
 
 
 @pytest.fixture
 def rtsp_server() -> Iterator[RtspServer]:
     """The scene served at rtsp://127.0.0.1:<free port>/live; killed on teardown, whatever happened."""
-    yield from serving(scene_clip())
+    yield from serving(deform_clip())
 
 
 def rss() -> int:
@@ -230,7 +202,7 @@ def test_track_over_rtsp_matches_ground_truth(rtsp_server: RtspServer) -> None:
     from vostream.stages.track import TrackStage
     from vostream.stages.trackers import load_tracker
 
-    sc = scene()
+    sc = deform_scene()
     source = LiveSource(rtsp_server.url, read_timeout=3, max_frames=75)
     tracker = load_tracker("classic")
     x, y = sc.click(1)
@@ -261,7 +233,7 @@ def test_server_killed_and_restarted_reconnects_and_tracking_resumes(rtsp_server
     from vostream.stages.trackers import load_tracker
 
     before = vostream_threads()
-    sc = scene()
+    sc = deform_scene()
     source = LiveSource(rtsp_server.url, read_timeout=2, reconnect=FAST)
     tracker = load_tracker("classic")
     x, y = sc.click(1)
@@ -422,7 +394,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 def test_http_stream_end_is_a_disconnect(tmp_path: Path) -> None:
     """An HTTP stream that ends (here: a short MPEG-TS served by a local HTTP server) is reconnected."""
-    write_clip(tmp_path / "clip.ts", scene().frames[:20], fmt="mpegts")
+    write_clip(tmp_path / "clip.ts", deform_scene().frames[:20], fmt="mpegts")
     handler = functools.partial(_QuietHandler, directory=str(tmp_path))
     with socketserver.TCPServer(("127.0.0.1", 0), handler) as httpd:
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -475,7 +447,7 @@ def test_track_waits_for_a_source_that_is_not_up_yet(
     server appears; without it (or once the wait is over) it fails in one line."""
     from vostream.apps.cli import main
 
-    server = RtspServer(scene_clip())
+    server = RtspServer(deform_clip())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])

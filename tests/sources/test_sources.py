@@ -1,4 +1,4 @@
-"""Decoding real encoded media made in code (tests/media.py): containers, codecs, rotation, broken inputs."""
+"""Decoding real encoded media made in code (tests/fakes/media.py): containers, codecs, rotation, broken inputs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
-from media import (
+from fakes.media import (
     SQUARE_RGB,
     audio_clip,
     copy_to,
@@ -366,7 +366,7 @@ def test_interrupt_from_another_thread() -> None:
 
 
 def test_make_video_roundtrip_mpeg4_avi(tmp_path: Path) -> None:
-    """tests/media.py itself: an even-sized MPEG-4 AVI encodes and reads back with the right frame count."""
+    """tests/fakes/media.py itself: an even-sized MPEG-4 AVI encodes and reads back with the right frame count."""
     path = make_video(tmp_path / "x.avi", square_frames(5, 48, 32), fps=10, codec="mpeg4")
     frames = list(VideoFileSource(path))
     assert len(frames) == 5

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "vostream"  # the package; the other code folders are linked into it
 
 CORE = "vostream.pipeline"  # the engine and contracts

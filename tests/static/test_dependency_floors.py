@@ -17,20 +17,20 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONSTRAINTS = ROOT / "tests" / "min-constraints.txt"
-CORE_TESTS = [
-    "test_pipeline_engine.py",
-    "test_pipeline_metrics.py",
-    "test_sources.py",
-    "test_sinks.py",
-    "test_postprocess.py",
-    "test_preprocess_track_stage.py",
-    "test_track_pipeline.py",
-    "test_prompts_config.py",
-    "test_api.py",
-    "test_scenes.py",
-    "test_serve.py",
+CORE_TESTS = [  # relative to tests/
+    "engine/test_pipeline_engine.py",
+    "engine/test_pipeline_metrics.py",
+    "sources/test_sources.py",
+    "sinks/test_sinks.py",
+    "engine/test_postprocess.py",
+    "engine/test_preprocess_track_stage.py",
+    "engine/test_track_pipeline.py",
+    "apps/test_prompts_config.py",
+    "apps/test_api.py",
+    "samples/test_scenes.py",
+    "apps/test_serve.py",
 ]
 
 if sys.version_info >= (3, 11):

@@ -1,4 +1,4 @@
-"""The ``acl`` backend (``AclRuntime`` + ``AclTracker``) on the fake pyACL (``tests/fake_acl.py``): parity with the ``onnx``
+"""The ``acl`` backend (``AclRuntime`` + ``AclTracker``) on the fake pyACL (``tests/fakes/fake_acl.py``): parity with the ``onnx``
 backend, transfer accounting from the fake's own counters, context/thread rules and teardown, ACL error mapping
 (also through a real track pipeline), the device-memory plan, and load-time checks.
 
@@ -26,8 +26,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
-import fake_acl as fake
-import sam2_reference as ref
+from fakes import fake_acl as fake
+from fakes import sam2_reference as ref
 
 from vostream.pipeline.errors import BackendError, ConfigError, StageError
 from vostream.pipeline.types import Frame, Prompt, TrackResult
@@ -424,7 +424,7 @@ def test_pipeline_stops_on_device_error_and_closes_outputs(
     acl: types.ModuleType, om_dir: Path, tmp_path: Path
 ) -> None:
     import av
-    from media import make_video, square_frames, square_mask
+    from fakes.media import make_video, square_frames, square_mask
 
     from vostream.apps.config import TrackSettings
     from vostream.apps.track import build_track_pipeline
@@ -475,7 +475,7 @@ def test_cli_names_the_stage_of_a_device_error(
     acl: types.ModuleType, om_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture
 ) -> None:
     """What a user sees when the device fails mid-run: one line with the ACL call, the code and the stage."""
-    from media import make_video, square_frames, square_mask
+    from fakes.media import make_video, square_frames, square_mask
 
     from vostream.apps.cli import main
 

@@ -1,4 +1,4 @@
-"""The fake pyACL (``tests/fake_acl.py``): the §9 checklist of shared/reference/ascend-acl.md,
+"""The fake pyACL (``tests/fakes/fake_acl.py``): the §9 checklist of shared/reference/ascend-acl.md,
 end-to-end runs of tiny ONNX "om" models through datasets and streams, thread/context rules, leaks, injected faults
 and transfer accounting."""
 
@@ -18,7 +18,7 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-import fake_acl as fake
+from fakes import fake_acl as fake
 from onnx import TensorProto, helper, numpy_helper
 
 H2D, D2H, D2D, H2H, DEFAULT = 1, 2, 3, 0, 4

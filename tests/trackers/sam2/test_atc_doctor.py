@@ -23,8 +23,8 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-import fake_acl as acl_fake
-import fake_atc as fake_atc_module
+from fakes import fake_acl as acl_fake
+from fakes import fake_atc as fake_atc_module
 from onnx import TensorProto, helper, numpy_helper
 
 from vostream.apps import doctor
@@ -229,7 +229,7 @@ def export(tmp_path: Path) -> tuple[Manifest, Path]:
 
 @pytest.fixture()
 def fake_atc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The fake ``atc`` (``tests/fake_atc.py``) first on PATH; returns the log file of its invocations (one JSON
+    """The fake ``atc`` (``tests/fakes/fake_atc.py``) first on PATH; returns the log file of its invocations (one JSON
     line each)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -488,7 +488,7 @@ def clean_acl() -> Any:
 
 @pytest.fixture()
 def acl_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_acl: None) -> Path:
-    """An importable ``acl`` (tests/fake_acl.py's shim) on sys.path and PYTHONPATH, as a CANN install puts the real
+    """An importable ``acl`` (tests/fakes/fake_acl.py's shim) on sys.path and PYTHONPATH, as a CANN install puts the real
     one there; child processes configure the fake from FAKE_ACL_CONFIG.  Nothing is imported here."""
     shim = tmp_path / "shim"
     shim.mkdir()
@@ -548,7 +548,7 @@ def test_doctor_probes_acl_in_a_child_process(acl_shim: Path, monkeypatch: pytes
     assert bad.status == "FAIL" and "device 5 does not exist" in bad.detail
     monkeypatch.setenv(acl_fake.CONFIG_ENV, json.dumps({"soc_name": "Ascend910B2"}))
     (acl_shim / "acl.py").write_text(  # a module that does not call itself a fake is reported as pyACL
-        f"import sys\nsys.path.insert(0, {str(Path(acl_fake.__file__).parent)!r})\nimport fake_acl\n"
+        f"import sys\nsys.path.insert(0, {str(Path(acl_fake.__file__).parents[1])!r})\nfrom fakes import fake_acl\n"
         "m = fake_acl.install()\ndel m.__vostream_fake__\nsys.modules['acl'] = m\n"
     )
     c = doctor.check_acl()
@@ -578,7 +578,7 @@ def test_doctor_does_not_switch_to_the_fake_by_itself(
 
 
 def test_fake_acl_wrapper_runs_doctor_json(tmp_path: Path) -> None:
-    """``python tests/fake_acl.py doctor --json``: the fake pyACL (in the doctor's child probe too) and the fake
+    """``python tests/fakes/fake_acl.py doctor --json``: the fake pyACL (in the doctor's child probe too) and the fake
     atc on PATH."""
     env = {**os.environ, acl_fake.CONFIG_ENV: json.dumps({"hbm_bytes": 16 * 2**30})}
     out = subprocess.run(
@@ -688,11 +688,11 @@ def test_doctor_model_acl_runtime_vs_onnx_on_fake(
 
 # ------------------------------------------------------------------------------------------------ docs/ascend.md §9
 def _documented_fake_acl_commands() -> list[str]:
-    """The ``python tests/fake_acl.py ...`` lines of the code block in docs/ascend.md §9 that runs the fake."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "ascend.md").read_text()
+    """The ``python tests/fakes/fake_acl.py ...`` lines of the code block in docs/ascend.md §9 that runs the fake."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "ascend.md").read_text()
     section = text[text.index("## 9. Tracking") : text.index("## 10.")]
     blocks = section.split("```bash\n")[1:]
-    block = next(b.split("```")[0] for b in blocks if "python tests/fake_acl.py export" in b)
+    block = next(b.split("```")[0] for b in blocks if "python tests/fakes/fake_acl.py export" in b)
     return [ln for ln in block.splitlines() if ln.strip()]
 
 
@@ -701,18 +701,18 @@ def test_ascend_md_fake_acl_commands(sam2_tiny: Any, tmp_path: Path) -> None:
     is this checkout's, with CHECKPOINT = a tiny random SAM 2 checkpoint, VIDEO = a small clip and POINT = a click
     on its square: export --om (the fake atc writes the .om files), doctor --model (the fake pyACL, acl vs onnx),
     track --backend acl."""
-    from media import make_video, square_frames, square_mask
+    from fakes.media import make_video, square_frames, square_mask
 
     lines = _documented_fake_acl_commands()
     assert [shlex.split(ln)[2] for ln in lines] == ["export", "doctor", "track"]
-    assert all(shlex.split(ln)[:2] == ["python", "tests/fake_acl.py"] for ln in lines)
+    assert all(shlex.split(ln)[:2] == ["python", "tests/fakes/fake_acl.py"] for ln in lines)
     ckpt, _ = sam2_tiny("sam2")
     w, h, n = 128, 96, 6
     video = make_video(tmp_path / "clip.mp4", square_frames(n, w, h, step=2), fps=25)
     ys, xs = np.nonzero(square_mask(0, w, h, step=2))
     work = tmp_path / "checkout"
     work.mkdir()
-    (work / "tests").symlink_to(Path(__file__).resolve().parent)
+    (work / "tests").symlink_to(Path(__file__).resolve().parents[2])
     env = {
         **os.environ,
         "CHECKPOINT": str(ckpt),

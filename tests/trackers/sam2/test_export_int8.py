@@ -27,7 +27,7 @@ pytest.importorskip("onnxruntime")
 
 import numpy as np
 import onnx
-from media import moving_square_clip, square_mask
+from fakes.media import moving_square_clip, square_mask
 
 from vostream.apps.cli import main
 from vostream.apps.export import atc, export_model, precision
@@ -145,9 +145,7 @@ def test_ascend_int8_script_and_fake_toolchain(
     """--int8 --om writes AMCT's inputs and an atc_convert.sh that calibrates with AMCT, then compiles AMCT's deploy
     models; run through the fake amct_onnx + fake atc, the .om files load on the fake pyACL with the INT8
     manifest and track like the fp32 graphs they were made from (the fake AMCT does not quantize)."""
-    import fake_acl
-    import fake_amct
-    import fake_atc
+    from fakes import fake_acl, fake_amct, fake_atc
 
     src = int8_export["out"]
     script = (src / "atc_convert.sh").read_text()

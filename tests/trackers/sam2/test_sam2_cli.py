@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 import av
 import numpy as np
-from media import copy_to, moving_square_clip, square_mask
+from fakes.media import copy_to, moving_square_clip, square_mask
 from PIL import Image
 from pycocotools import mask as mask_utils
 
@@ -45,7 +45,7 @@ def square_centre(i: int = 0) -> tuple[int, int]:
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The tiny checkpoint exported by ``vostream export`` (once): paths, exit code, stdout and stderr."""
-    import sam2_reference as ref
+    from fakes import sam2_reference as ref
 
     root = tmp_path_factory.mktemp("sam2_cli")
     ckpt = ref.save_tiny("sam2", root / "ckpt")

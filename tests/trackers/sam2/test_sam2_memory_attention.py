@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
 
-import sam2_reference as ref  # noqa: E402
+from fakes import sam2_reference as ref  # noqa: E402
 
 from vostream.stages.trackers.sam2.manifest import load_manifest  # noqa: E402
 

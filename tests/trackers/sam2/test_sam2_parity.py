@@ -1,6 +1,6 @@
 """Parity of the exported `onnx` tracker with the transformers reference, frame by frame, for all three families.
 
-The reference is HF's own streaming tracker (``tests/sam2_reference.py``: one ``add_new_frame`` per frame) on a tiny
+The reference is HF's own streaming tracker (``tests/fakes/sam2_reference.py``: one ``add_new_frame`` per frame) on a tiny
 random model; ours is ``vostream export`` + ``Sam2Session`` on ``OrtRuntime`` (CPU).  32 frames are longer than the
 6 recent memory slots and the 15 recent pointers, so both rings wrap; the schedule has a negative click, a
 correction on a later frame, a second object added mid-stream, and grey "occluded" frames where the calibrated
@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import sam2_reference as ref  # noqa: E402
+from fakes import sam2_reference as ref  # noqa: E402
 
 from vostream.pipeline.types import Frame, Prompt  # noqa: E402
 from vostream.stages.trackers.sam2 import OnnxTracker  # noqa: E402

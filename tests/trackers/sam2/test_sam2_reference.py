@@ -1,4 +1,4 @@
-"""Sanity tests of the HF reference harness (tests/sam2_reference.py) used by the SAM-2-family parity tests.
+"""Sanity tests of the HF reference harness (tests/fakes/sam2_reference.py) used by the SAM-2-family parity tests.
 
 They pin the facts the harness relies on and the lead's tracker must reproduce: the prompt formats HF stores,
 which frames become conditioning frames, what ``pred_masks`` holds for absent objects and mask prompts, that the
@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import sam2_reference as ref
+from fakes import sam2_reference as ref
 
 N = 32
 #: the bound on |object score| asserted over the 32-frame default run (measured: >= 1.58 over 5 seeds x 3 families)

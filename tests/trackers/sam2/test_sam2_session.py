@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import sam2_reference as ref  # noqa: E402
+from fakes import sam2_reference as ref  # noqa: E402
 
 from vostream.pipeline.errors import PromptError  # noqa: E402
 from vostream.pipeline.types import Frame, Prompt  # noqa: E402
