@@ -20,8 +20,9 @@ def sam2_tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple
 
     def make(family: str) -> tuple[Path, Path]:
         if family not in cache:
-            pytest.importorskip("torch")
-            pytest.importorskip("transformers")
+            reason = "torch and transformers make the tiny checkpoint; pip install -e '.[test]'"
+            pytest.importorskip("torch", reason=reason)
+            pytest.importorskip("transformers", reason=reason)
             from fakes import sam2_reference as ref
 
             from vostream.apps.export import export_model

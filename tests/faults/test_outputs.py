@@ -190,6 +190,12 @@ def harness_child_pid(proc) -> int:  # type: ignore[no-untyped-def]
     return int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
 
 
+def needs_export_extra() -> None:
+    """``vostream export`` and its check need torch, transformers, onnx and onnxruntime (the [test] extra)."""
+    for name in ("torch", "transformers", "onnx", "onnxruntime"):
+        pytest.importorskip(name, reason=f"{name} is part of the [test] extra: pip install -e '.[test]'")
+
+
 # -- 4. signals: no junk left behind ----------------------------------------------------------------------------
 
 
@@ -198,6 +204,7 @@ def test_sigterm_during_export_removes_staging_dir(tmp_path):
     directory ``.OUT.xxxx`` with partial graphs.  Now: exit 130, one line, no staging directory, no OUT."""
     import signal
 
+    needs_export_extra()
     from fakes import sam2_reference as ref
 
     ckpt = ref.save_tiny("sam2", tmp_path / "ckpt")
@@ -316,7 +323,7 @@ def test_export_check_accepts_faithful_exports_of_random_tiny_models(tmp_path, f
     SAM 2 exports ("max |onnx - torch| 0.000977 > 0.0001 on output maskmem", seeds 1 and 4): the memory bank is
     rounded to bfloat16, and values within 1e-4 before that rounding can land one or two bf16 steps apart (0.0111
     vs 0.0110: 1.2e-4).  Now bf16 outputs are compared with one bf16 step on top of the fp32 tolerance."""
-
+    needs_export_extra()
     from fakes import sam2_reference as ref
 
     from vostream.apps.export import export_model
@@ -331,6 +338,7 @@ def test_export_check_accepts_faithful_exports_of_random_tiny_models(tmp_path, f
 
 def test_export_check_still_rejects_a_wrong_bf16_output():
     """The looser bf16 rule must still catch a real error: two bf16 steps plus more than the fp32 tolerance."""
+    needs_export_extra()
     import torch
 
     from vostream.apps.export import _bf16_step, _verify

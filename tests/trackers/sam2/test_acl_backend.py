@@ -22,9 +22,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("onnxruntime")
+pytest.importorskip("torch", reason="torch is part of the [test] extra: pip install -e '.[test]'")
+pytest.importorskip(
+    "transformers", reason="transformers is part of the [test] extra: pip install -e '.[test]'"
+)
+pytest.importorskip("onnxruntime", reason="onnxruntime is part of the [test] extra: pip install -e '.[test]'")
 
 from fakes import fake_acl as fake
 from fakes import sam2_reference as ref

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-onnx = pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx", reason="onnx is part of the [test] extra: pip install -e '.[test]'")
+pytest.importorskip("onnxruntime", reason="onnxruntime is part of the [test] extra: pip install -e '.[test]'")
 from fakes import fake_acl as fake
 from onnx import TensorProto, helper, numpy_helper
 

@@ -10,8 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
+
+REASON = "onnx and onnxruntime are part of the [test] extra: pip install -e '.[test]'"
+onnx = pytest.importorskip("onnx", reason=REASON)
+pytest.importorskip("onnxruntime", reason=REASON)
+
 from onnx import TensorProto, helper
 
 from vostream.pipeline.errors import BackendError

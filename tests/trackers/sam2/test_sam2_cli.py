@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytest.importorskip("torch", reason="torch is part of the [test] extra: pip install -e '.[test]'")
+pytest.importorskip(
+    "transformers", reason="transformers is part of the [test] extra: pip install -e '.[test]'"
+)
 
 import av
 import numpy as np

@@ -13,9 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-ort = pytest.importorskip("onnxruntime")
+torch = pytest.importorskip("torch", reason="torch is part of the [test] extra: pip install -e '.[test]'")
+pytest.importorskip(
+    "transformers", reason="transformers is part of the [test] extra: pip install -e '.[test]'"
+)
+ort = pytest.importorskip(
+    "onnxruntime", reason="onnxruntime is part of the [test] extra: pip install -e '.[test]'"
+)
 
 from fakes import sam2_reference as ref  # noqa: E402
 

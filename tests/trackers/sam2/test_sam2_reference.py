@@ -13,8 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = pytest.importorskip("torch", reason="torch is part of the [test] extra: pip install -e '.[test]'")
+pytest.importorskip(
+    "transformers", reason="transformers is part of the [test] extra: pip install -e '.[test]'"
+)
 
 from fakes import sam2_reference as ref
 

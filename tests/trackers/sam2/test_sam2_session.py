@@ -9,8 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytest.importorskip("torch", reason="torch is part of the [test] extra: pip install -e '.[test]'")
+pytest.importorskip(
+    "transformers", reason="transformers is part of the [test] extra: pip install -e '.[test]'"
+)
 
 from fakes import sam2_reference as ref  # noqa: E402
 
