@@ -58,6 +58,7 @@ def test_streams_take_turns_and_results_reach_their_caller():
     assert sched.stats()["a"]["runs"] == 6
 
 
+@pytest.mark.realtime
 def test_a_stalled_stream_costs_the_others_nothing_and_errors_stay_in_their_stream():
     with RoundRobinScheduler() as sched:
         sched.register("stalled")  # registered, never submits (a feed that went quiet)
@@ -92,7 +93,7 @@ def test_close_wakes_waiting_callers():
     started.wait(5)
     t2 = threading.Thread(target=waiting)
     t2.start()
-    time.sleep(0.1)
+    assert wait_until(lambda: sched.pending().get("b", 0) == 1), "b never queued behind a"
     closer = threading.Thread(target=sched.close)
     closer.start()
     time.sleep(0.1)
@@ -219,6 +220,7 @@ def test_a_stream_that_cannot_start_fails_alone(tmp_path, clips, capsys):
 
 
 @needs_server
+@pytest.mark.realtime
 def test_a_dead_feed_does_not_stall_the_other_stream(tmp_path):
     frames = square_frames(300, 320, 240, size=60, step=1)
     clip = make_video(tmp_path / "live.mp4", frames, fps=30, options={"g": "30", "bf": "0"})
@@ -245,16 +247,20 @@ def test_a_dead_feed_does_not_stall_the_other_stream(tmp_path):
                 assert pipe is not None
                 return pipe.metrics().frames
 
-            deadline = time.monotonic() + 20
-            while min(frames_of("a"), frames_of("b")) < 15 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert min(frames_of("a"), frames_of("b")) >= 15, "both streams should be running"
+            def rate_of_b(seconds: float) -> float:
+                before, t0 = frames_of("b"), time.monotonic()
+                time.sleep(seconds)
+                return (frames_of("b") - before) / (time.monotonic() - t0)
+
+            assert wait_until(lambda: min(frames_of("a"), frames_of("b")) >= 15), (
+                "both streams should be running"
+            )
+            b_up = rate_of_b(2.0)  # b's rate on this machine, now, with both feeds up
             a.kill()  # stream a's feed dies
             time.sleep(0.5)
-            b_before, t0 = frames_of("b"), time.monotonic()
-            time.sleep(2.0)
-            b_rate = (frames_of("b") - b_before) / (time.monotonic() - t0)
-            assert b_rate > 20, f"stream b fell to {b_rate:.1f} fps while a was down"
+            b_down = rate_of_b(2.0)
+            # a stall of b would show as ~0 fps; a loaded machine slows both measurements alike
+            assert b_down >= 0.5 * b_up, f"stream b fell from {b_up:.1f} to {b_down:.1f} fps while a was down"
             text = dep.metrics_text()
             assert 'stream="a"' in text and 'stream="b"' in text
         finally:

@@ -166,6 +166,7 @@ def test_ctrl_c_with_a_relay_that_stopped_reading(tmp_path: Path) -> None:
 
 
 @needs_server
+@pytest.mark.realtime
 def test_live_mp4_follows_real_time_across_an_outage(tmp_path: Path) -> None:
     """A live run with the camera away for 2 s in the middle: the MP4 is written on the capture clock, so its
     duration matches the wall time (within 10 %) and the outage is a gap in its timestamps."""
@@ -238,6 +239,7 @@ def _read_slowly(url: str, max_lag: float | None, seconds: float, per_frame: flo
 
 
 @needs_server
+@pytest.mark.realtime
 def test_lag_before_the_decoder_is_measured_and_caught_up(tmp_path):
     """A reader three times slower than a 30 fps feed: without catch-up it falls further and further behind the
     stream's clock, and the frames' age (now measured on the stream's clock) says so; with ``max_lag`` it skips

@@ -183,6 +183,7 @@ def test_simultaneous_opens_respect_the_session_limit(root: Path) -> None:
                 ws.close()
 
 
+@pytest.mark.realtime
 def test_idle_session_is_closed_and_its_clients_told(root: Path) -> None:
     cfg = ServerConfig(port=0, media_root=str(root), idle_timeout=1.0)
     with ServerThread(cfg) as st, client(st.port) as owner, client(st.port) as watcher:

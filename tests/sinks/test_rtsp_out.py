@@ -130,6 +130,7 @@ def test_published_frames_are_decoded_by_a_real_client(listener: Listener) -> No
 
 
 @needs_server
+@pytest.mark.realtime
 def test_banner_while_the_input_feed_is_down(listener: Listener) -> None:
     """RTSP in → RTSP out: the input server is killed for 2 s; the output stays up with banner frames, then
     carries the feed again after the source reconnected."""

@@ -226,6 +226,7 @@ def test_track_over_rtsp_matches_ground_truth(rtsp_server: RtspServer) -> None:
 
 
 @needs_server
+@pytest.mark.realtime
 def test_server_killed_and_restarted_reconnects_and_tracking_resumes(rtsp_server: RtspServer) -> None:
     from vostream.stages.postprocess import PostprocessStage
     from vostream.stages.preprocess import PreprocessStage
@@ -298,6 +299,7 @@ def _read_in_background(source: LiveSource) -> tuple[list[Any], threading.Event,
 
 
 @needs_server
+@pytest.mark.realtime
 def test_stalled_server_is_detected_by_the_read_timeout(rtsp_server: RtspServer) -> None:
     source = LiveSource(rtsp_server.url, read_timeout=1.0, open_timeout=1.5, reconnect=FAST)
     source.open()
@@ -330,6 +332,7 @@ def test_stalled_server_is_detected_by_the_read_timeout(rtsp_server: RtspServer)
 
 
 @needs_server
+@pytest.mark.realtime
 def test_slow_tracker_keeps_frame_age_bounded(rtsp_server: RtspServer) -> None:
     """A 100 ms 'tracker' on a 30 fps feed: older frames are dropped before it, never queued up."""
     slow = 0.1
@@ -415,6 +418,7 @@ def test_http_stream_end_is_a_disconnect(tmp_path: Path) -> None:
 
 
 @needs_server
+@pytest.mark.realtime
 def test_a_returning_server_is_picked_up_within_a_second(rtsp_server: RtspServer) -> None:
     """Default backoff of a live source (no policy given): after a 4 s outage the backoff would have grown to
     seconds; it is capped at 1 s, so the first new frame arrives < 1.5 s after the server is back."""

@@ -18,7 +18,10 @@ import pytest
 
 pytest.importorskip("playwright.sync_api", reason="needs PyPI playwright (pip install -e '.[test]')")
 CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/lib/chromium/chromium") if os.path.exists(p)), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)"),
+]
 
 from vostream.apps.serve.server import ServerConfig, ServerThread  # noqa: E402
 from vostream.samples.scenes import iou, render_scene, write_scene  # noqa: E402
@@ -154,6 +157,7 @@ def test_click_to_track_in_chromium(scene_media, browser) -> None:
         page.close()
 
 
+@pytest.mark.realtime
 def test_viewer_figures_in_chromium(scene_media, browser) -> None:
     """The stats overlay's figures: a redraw after a click is no latency sample (a click after a pause used to
     add the pause as latency), fps counts playing time only, and the clock offset comes from the least disturbed
