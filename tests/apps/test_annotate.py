@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fakes.media import make_video, square_frames, square_mask
+from fakes.waiting import wait_until
 from PIL import Image
 from pycocotools import mask as mask_utils
 
@@ -274,10 +275,9 @@ def test_sigkill_mid_batch_then_rerun_gives_identical_files(batch, reference):
         assert workers, "no worker process found"
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(_alive(w) for w in workers), "a worker outlived the killed parent"
+        assert wait_until(lambda: not any(_alive(w) for w in workers), 10), (
+            "a worker outlived the killed parent"
+        )
     finally:
         if p.poll() is None:
             p.kill()

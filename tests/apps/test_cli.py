@@ -14,6 +14,7 @@ import av
 import numpy as np
 import pytest
 from fakes.media import copy_to, make_frame_dir, make_video, moving_square_clip, square_frames, square_mask
+from fakes.waiting import wait_until
 from PIL import Image
 from pycocotools import mask as mask_utils
 
@@ -188,9 +189,7 @@ def test_sigint_finalises_outputs(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(list((out / "masks").glob("*.png"))) < 10:
-        time.sleep(0.05)
+    assert wait_until(lambda: len(list((out / "masks").glob("*.png"))) >= 10, 60), "no masks after 60 s"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -212,10 +211,8 @@ def test_sigterm_and_sighup_also_finalise(tmp_path, sig):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list(out.glob("*.tmp*")) and not (out / "overlay.mp4").exists():
-        time.sleep(0.05)
-    time.sleep(0.3)
+    assert wait_until(lambda: list(out.glob("*.tmp*")) or (out / "overlay.mp4").exists(), 60), "no output"
+    time.sleep(0.3)  # a few frames into the files
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode in (0, 130), err  # 0 if it happened to finish first

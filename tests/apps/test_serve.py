@@ -12,6 +12,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+from fakes.waiting import wait_until
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
@@ -410,10 +411,9 @@ def test_stalled_client_does_not_slow_others_or_file_sink(server: ServerThread, 
         assert len(indices) >= 25, "the acking client got (nearly) every frame"
         sessions = server.call(lambda: list(server.server.sessions.values()))
         stalled_session = next(s for s in sessions if s.id == info["session"])
-        deadline = time.monotonic() + 5
-        while not stalled_session.control.ended:
-            assert time.monotonic() < deadline, "the stalled client's own pipeline stalled"
-            time.sleep(0.05)
+        assert wait_until(lambda: stalled_session.control.ended, 5), (
+            "the stalled client's own pipeline stalled"
+        )
         slot = server.call(
             lambda: next(c.slot for c in server.server.clients.values() if c.session is stalled_session)
         )
@@ -421,10 +421,7 @@ def test_stalled_client_does_not_slow_others_or_file_sink(server: ServerThread, 
         assert _rss() - rss0 < 100 * 2**20
         stalled_session.control.finish()  # end the stream: the file sink closes and writes its JSON
         out = tmp_path / "out" / info["session"] / "annotations.json"
-        deadline = time.monotonic() + 5
-        while not out.exists():
-            assert time.monotonic() < deadline, "file sink was not finalised"
-            time.sleep(0.05)
+        assert wait_until(out.exists, 5), "file sink was not finalised"
         assert json.loads(out.read_text())["videos"][0]["length"] == 30, "the file sink lost no frame"
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from fakes.live_clips import FAST, deform_clip, deform_scene
 from fakes.rtsp_server import RtspServer, server_available
+from fakes.waiting import wait_until
 
 from vostream.pipeline import Pipeline
 from vostream.pipeline.errors import ConfigError
@@ -146,9 +147,7 @@ def test_banner_while_the_input_feed_is_down(listener: Listener) -> None:
             server.kill()
             time.sleep(2.0)
             server.start()
-            deadline = time.monotonic() + 8
-            while pipe.metrics()["decode"].extra.get("reconnects", 0) < 1 and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_until(lambda: pipe.metrics()["decode"].extra.get("reconnects", 0) >= 1, 8)  # asserted below
             time.sleep(1.0)
         finally:
             pipe.stop()

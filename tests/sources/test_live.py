@@ -253,10 +253,9 @@ def test_server_killed_and_restarted_reconnects_and_tracking_resumes(rtsp_server
         rtsp_server.kill()
         time.sleep(1.0)
         rtsp_server.start()  # same port, same URL
-        deadline = time.monotonic() + 8
-        while pipe.metrics()["decode"].extra.get("reconnects", 0) < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.5)
+        wait_until(lambda: pipe.metrics()["decode"].extra.get("reconnects", 0) >= 1, 8)  # asserted below
+        # tracking resumes: 20 frames after the outage (by frame count, not by time: a loaded machine tracks slower)
+        wait_until(lambda: sum(f.capture_time > killed_at + 1.0 for f in list(sink.items)) >= 20, 20)
     finally:
         pipe.stop()
         report = pipe.wait(10)
@@ -308,17 +307,13 @@ def test_stalled_server_is_detected_by_the_read_timeout(rtsp_server: RtspServer)
         time.sleep(1.5)
         paused_at = time.time()
         rtsp_server.pause()
-        deadline = time.monotonic() + 6
-        while not any(e.state == STALLED for e in source.supervisor.events) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: any(e.state == STALLED for e in source.supervisor.events), 6)
         stalled = [e for e in source.supervisor.events if e.state == STALLED]
         assert stalled, "a stalled server was never detected"
         assert stalled[0].reason == "no packets for 1 s"
         assert stalled[0].time - paused_at < 1.0 + 1.5  # read timeout + what was already in flight
         rtsp_server.resume()
-        deadline = time.monotonic() + 8
-        while source.stats()["reconnects"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: source.stats()["reconnects"] >= 1, 8)
         assert source.stats()["reconnects"] == 1 and source.stats()["stalls"] == 1
     finally:
         stop.set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -189,29 +190,35 @@ def test_viewer_figures_in_chromium(scene_media, browser) -> None:
         st = page.evaluate("window.__vostream")
         assert abs(st["offset"]) <= st["rtt"] / 2 + 2, (st["offset"], st["rtt"])
 
-        # a click after a pause: the local redraw is no latency sample, the re-tracked frame is (and is fresh)
-        page.wait_for_timeout(1500)
+        # a click after a pause: the local redraw is no latency sample, the re-tracked frame is (and is fresh).
+        # Latency bounds: 4 s, below the 5 s pauses that a pause counted as latency would add (a loaded machine
+        # took 3.4 s at a load average of 14 on 2 cores).
+        page.wait_for_timeout(5000)
         x1, y1 = scene.click(1)
         _click_at(page, x1, y1)
         page.wait_for_function("window.__vostream.masksDrawn >= 1", timeout=15000)
         st = page.evaluate("window.__vostream")
         assert st["redraws"] >= 1
-        assert st["lat"] and max(st["lat"]) < 1000, st["lat"]
+        assert st["lat"] and max(st["lat"]) < 4000, st["lat"]
 
-        # fps over playing time only: play, pause 1.5 s, play again
+        # fps over playing time only: play, pause 5 s, play again
         page.keyboard.press("Space")
         page.wait_for_function("window.__vostream.lastIndex >= 10", timeout=15000)
         page.keyboard.press("Space")
         page.wait_for_function("window.__vostream.state.playing === false", timeout=5000)
         page.wait_for_timeout(300)
         assert page.evaluate("window.__vostream.fps") == 0, "paused: no fps"
-        page.wait_for_timeout(1200)
+        page.wait_for_timeout(4700)
         start = page.evaluate("window.__vostream.lastIndex")
+        drawn0, t0 = page.evaluate("window.__vostream.frames"), time.monotonic()
         page.keyboard.press("Space")
         page.wait_for_function(f"window.__vostream.lastIndex >= {start + 20}", timeout=15000)
         fps = page.evaluate("window.__vostream.fps")
-        assert 0.6 * scene.fps <= fps <= 1.5 * scene.fps, (fps, scene.fps)
-        assert max(page.evaluate("window.__vostream.lat")) < 1000
+        # the draw rate the test saw since play (a loaded machine draws fewer than the scene's 30 fps); counting
+        # the 5 s pause in would put the figure well under half of it
+        seen = (page.evaluate("window.__vostream.frames") - drawn0) / (time.monotonic() - t0)
+        assert 0.5 * seen <= fps <= 1.5 * scene.fps, (fps, seen, scene.fps)
+        assert max(page.evaluate("window.__vostream.lat")) < 4000
         page.close()
 
 
