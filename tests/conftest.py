@@ -10,6 +10,18 @@ import pytest
 pytest_plugins = ["skip_guard"]  # under CI, a skip for a missing install fails the run
 
 
+#: fixtures that export a tiny SAM-2 checkpoint: ``sam2_tiny`` and test_sam2_cli's export through the CLI
+EXPORT_FIXTURES = ("sam2_tiny", "exported")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs an exported tiny SAM-2 checkpoint (an :data:`EXPORT_FIXTURES` fixture, directly or through
+    another fixture) is ``slow``: the export is the expensive part of the suite, so the fast run leaves them out."""
+    for item in items:
+        if any(name in EXPORT_FIXTURES for name in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def sam2_tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
     """``sam2_tiny(family) -> (checkpoint_dir, export_dir)`` for family in sam2 / edgetam / sam3_tracker.

@@ -113,6 +113,7 @@ def reference(batch):
     return out, r
 
 
+@pytest.mark.slow
 def test_batch_outputs_complete_correct_and_summarised(reference):
     out, r = reference
     summary = json.loads((out / "summary.json").read_text())
@@ -152,6 +153,7 @@ def test_batch_outputs_complete_correct_and_summarised(reference):
     assert not list(out.rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_workers_2_give_the_same_files(batch, reference):
     out = batch / "w2"
     r = run_cli(
@@ -174,6 +176,7 @@ def test_workers_2_give_the_same_files(batch, reference):
     assert len(workers) == 5
 
 
+@pytest.mark.slow
 def test_rerun_skips_done_redoes_partial_and_force_redoes_all(batch, reference):
     from vostream.apps.annotate.batch import AnnotateOptions, run_annotate
 
@@ -305,6 +308,7 @@ def test_sigkill_mid_batch_then_rerun_gives_identical_files(batch, reference):
     assert summary["totals"]["reused"] == done_before and summary["totals"]["done"] == 5
 
 
+@pytest.mark.slow
 def test_ctrl_c_finishes_the_running_video_and_keeps_manifests_honest(batch, reference):
     out = batch / "sigint"
     p = subprocess.Popen(
@@ -347,6 +351,7 @@ def test_ctrl_c_finishes_the_running_video_and_keeps_manifests_honest(batch, ref
             assert files == {}
 
 
+@pytest.mark.slow
 def test_corrupt_video_and_unprompted_video_are_reported_others_finish(tmp_path):
     vids = tmp_path / "vids"
     vids.mkdir()
@@ -591,6 +596,7 @@ def test_worker_processes_start_with_numpy_thread_limits(monkeypatch):
     assert "OPENBLAS_NUM_THREADS" not in os.environ  # the parent's own environment is left as it was
 
 
+@pytest.mark.slow
 def test_codec_threads_below_one_is_a_config_error(tmp_path, small_vids):
     prompts = tmp_path / "p.csv"
     prompts.write_text("video,frame,obj_id,x,y,label\nsolo.mp4,0,1,10,10,1\n")

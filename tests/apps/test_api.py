@@ -29,6 +29,7 @@ def iou(a, b):
     return (a & b).sum() / max(1, (a | b).sum())
 
 
+@pytest.mark.slow
 def test_track_writes_the_jobs_outputs(video, tmp_path):
     report = vostream.track(video, point=centre(), out=tmp_path / "run", save=("png", "json"))
     assert report.frames == N and report.reason == "end"
@@ -38,6 +39,7 @@ def test_track_writes_the_jobs_outputs(video, tmp_path):
     assert len(masks) == N
 
 
+@pytest.mark.slow
 def test_open_yields_every_frame_with_masks_that_follow_the_object(video):
     ious = []
     with vostream.open(video, point=centre()) as stream:
@@ -80,6 +82,7 @@ def test_bad_input_raises_the_projects_errors(video, tmp_path):
         vostream.open(video, point=(1, 1), backend="nope")
 
 
+@pytest.mark.slow
 def test_the_readmes_python_example_runs(tmp_path, monkeypatch):
     """The README's "From Python" block, run as written on an 854x480 clip named video.mp4 (docs that run)."""
     from pathlib import Path

@@ -77,6 +77,7 @@ def test_track_writes_every_output_and_tracks(tmp_path):
     assert {n["name"] for n in summary["metrics"]["nodes"]} >= {"track", "preprocess", "postprocess"}
 
 
+@pytest.mark.slow
 def test_track_from_frames_dir_and_config(tmp_path):
     frames = make_frame_dir(tmp_path / "frames", square_frames(8, W, H), ext=".png")
     x, y = square_centre()
@@ -146,6 +147,7 @@ def _bad_inputs(tmp_path: Path):
         "unknown backend",
     ],
 )
+@pytest.mark.slow
 def test_bad_input_one_line_error(tmp_path, case):
     args, needle = _bad_inputs(tmp_path)[case]
     if "--out" not in args:
@@ -165,6 +167,7 @@ def test_zero_frame_video(tmp_path):
     assert r.returncode == 3 and "no frames" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_sigint_finalises_outputs(tmp_path):
     """Ctrl-C mid-run: exit 130 and every output is complete and consistent for the frames processed."""
     n, w, h = 400, 320, 192
@@ -201,6 +204,7 @@ def test_sigint_finalises_outputs(tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.slow
 def test_sigterm_and_sighup_also_finalise(tmp_path, sig):
     n, w, h = 300, 320, 192
     video = make_video(tmp_path / "long.mp4", square_frames(n, w, h, step=1), fps=25)
@@ -221,6 +225,7 @@ def test_sigterm_and_sighup_also_finalise(tmp_path, sig):
     assert not list(out.glob("*.tmp")), "temporary files left behind"
 
 
+@pytest.mark.slow
 def test_demo_runs_and_scores(tmp_path):
     r = run_cli("demo", "--out", tmp_path / "out", "--samples-dir", tmp_path / "media", timeout=300)
     assert r.returncode == 0, r.stderr

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from fakes.media import moving_square_clip, square_mask
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "samples" / "examples"
@@ -18,6 +19,7 @@ def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_track_scene_example(tmp_path):
     r = run("track_scene.py", "--scene", "translate", "--size", "320x192", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -27,6 +29,7 @@ def test_track_scene_example(tmp_path):
     assert (tmp_path / "result" / "annotations.json").exists()
 
 
+@pytest.mark.slow
 def test_custom_pipeline_example():
     w, h, n = 160, 96, 24
     clip = moving_square_clip(".mp4", "libx264", n, w, h)

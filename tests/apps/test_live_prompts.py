@@ -246,6 +246,7 @@ def test_timer_thread_sends_on_time_by_the_wall_clock() -> None:
 
 
 @needs_server
+@pytest.mark.slow
 def test_after_s_object_appears_from_the_right_frame(
     rtsp_server: RtspServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -338,6 +339,7 @@ def test_after_s_object_appears_from_the_right_frame(
 
 
 @needs_server
+@pytest.mark.slow
 def test_cli_bad_live_prompts_file_one_line_error(rtsp_server: RtspServer, tmp_path: Path) -> None:
     bad = write_prompts(tmp_path / "bad.json", [{"obj": 2, "after_s": -1, "points": [[10, 10]]}])
     outside = write_prompts(tmp_path / "outside.json", [{"obj": 2, "after_s": 1, "points": [[5000, 10]]}])

@@ -133,6 +133,7 @@ def reload_mid_run(dep: deploy.Deployment, after: int = 12) -> tuple[Any, dict[s
 # -- a file stream, the tiny SAM 2 export ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_reload_mid_run_switches_every_stream_at_a_frame_boundary(tmp_path, clip, model_dir):
     path = write_deploy(tmp_path, clip, ['backend = "onnx"', f'model = "{model_dir}"'], names=("a", "b"))
     dep = deploy.Deployment(deploy.load_deploy(path))
@@ -181,6 +182,7 @@ def classic_without_reload(tmp_path_factory: pytest.TempPathFactory, clip: Path)
 
 
 @pytest.mark.parametrize("seed", ["next", "same"])
+@pytest.mark.slow
 def test_reload_keeps_each_object_on_its_target(tmp_path, clip, seed, classic_without_reload):
     path = write_deploy(tmp_path, clip, ['backend = "classic"', f'reload_seed = "{seed}"'])
     dep = deploy.Deployment(deploy.load_deploy(path))
@@ -291,6 +293,7 @@ def test_bad_reload_options_are_refused(tmp_path, clip, lines, message):
 # -- SIGHUP ---------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sighup_rereads_the_tracker_table_and_reloads(tmp_path, clip, monkeypatch):
     path = write_deploy(tmp_path, clip, ['backend = "classic"', 'flow_preset = "medium"'], names=("a", "b"))
     made: list[deploy.Deployment] = []
@@ -331,6 +334,7 @@ def test_sighup_rereads_the_tracker_table_and_reloads(tmp_path, clip, monkeypatc
 # -- watching the model directory -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_new_export_in_the_watched_directory_is_loaded_and_a_half_written_one_never(
     tmp_path, clip, model_dir, sam2_tiny
 ):
@@ -548,6 +552,7 @@ def test_a_new_model_that_fails_on_a_real_frame_leaves_the_stream_on_the_old_one
 
 
 @needs_server
+@pytest.mark.slow
 def test_reload_on_a_live_feed_loses_and_repeats_no_frame(tmp_path, model_dir):
     frames = square_frames(240, W, H, step=1)
     feed = make_video(tmp_path / "live.mp4", frames, fps=30, options={"g": "30", "bf": "0"})
@@ -698,6 +703,7 @@ def test_the_reload_message_parses_and_takes_no_fields():
     assert info.value.code == "bad_message"  # a client cannot choose what the server loads
 
 
+@pytest.mark.slow
 def test_sighup_reloads_a_running_vostream_serve(clip, model_dir):
     """The real command: ``vostream serve`` in its own process, one session open, SIGHUP: a new generation, the
     server still serving; SIGINT then stops it cleanly."""

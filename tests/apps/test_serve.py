@@ -185,6 +185,7 @@ def test_image_size_follows_the_largest_display_never_upscaled() -> None:
 
 
 @pytest.mark.parametrize("size", [(640, 360), (1010, 568), (300, 169), (1280, 720)])
+@pytest.mark.slow
 def test_scale_image_is_close_to_area_averaging(size: tuple[int, int]) -> None:
     import cv2
 
@@ -202,6 +203,7 @@ def test_scale_image_is_close_to_area_averaging(size: tuple[int, int]) -> None:
 # -- over the wire ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_round_trip_of_every_message(server: ServerThread) -> None:
     ws, info = opened(server.port)
     with ws:
@@ -308,6 +310,7 @@ def test_view_sets_the_image_size_masks_stay_at_source_size(server: ServerThread
         assert (m["iw"], m["ih"]) == (W, H) and _jpeg_size(m) == (W, H), "never upscaled"
 
 
+@pytest.mark.slow
 def test_bad_messages_get_errors_and_server_stays_up(server: ServerThread) -> None:
     ws, info = opened(server.port)
     with ws:

@@ -62,6 +62,7 @@ def _raise_after(obj, method: str, after: int, monkeypatch):
         ("mot", "mot"),
     ],
 )
+@pytest.mark.slow
 def test_error_mid_stream_names_stage_and_keeps_outputs(video, tmp_path, monkeypatch, where, stage_name):
     pipe, _ = build_track_pipeline(settings(video, tmp_path))
     if where == "source":
@@ -90,6 +91,7 @@ def test_error_mid_stream_names_stage_and_keeps_outputs(video, tmp_path, monkeyp
     assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob(".*.tmp*"))
 
 
+@pytest.mark.slow
 def test_failed_run_still_writes_a_summary_with_the_error(video, tmp_path, monkeypatch):
     from vostream.apps.track import run_track
     from vostream.stages.postprocess import PostprocessStage
@@ -102,6 +104,7 @@ def test_failed_run_still_writes_a_summary_with_the_error(video, tmp_path, monke
     assert summary["frames"] == 7
 
 
+@pytest.mark.slow
 def test_prompts_on_later_frames_and_removal(video, tmp_path):
     prompts = [Prompt(1, 0, click(0), [1]), Prompt(2, 10, click(10), [1]), RemoveObject(1, 20)]
     # object 2 is a second click on the same square from frame 10: both exist between 10 and 19
@@ -119,6 +122,7 @@ def test_prompts_on_later_frames_and_removal(video, tmp_path):
     assert track["extra"]["applied_prompts"] == 2
 
 
+@pytest.mark.slow
 def test_prompt_injected_while_running(video, tmp_path):
     """A prompt sent with send_control for a frame not yet reached is applied exactly at that frame."""
     pipe, _ = build_track_pipeline(settings(video, tmp_path, prompts=[Prompt(1, 0, click(0), [1])]))
@@ -129,6 +133,7 @@ def test_prompt_injected_while_running(video, tmp_path):
     assert not (labels[0] == 3).any() and (labels[1] == 3).any() and (labels[2] == 3).any()
 
 
+@pytest.mark.slow
 def test_codec_threads_limit_the_decoder_and_the_encoder(video, tmp_path):
     """``codec_threads`` reaches the file's decoder and the video encoder (x264 records its thread count in the
     stream's settings string); by default FFmpeg picks (annotate workers use this to share the cores)."""

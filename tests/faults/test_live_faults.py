@@ -108,6 +108,7 @@ class Lines:
 
 
 @needs_server
+@pytest.mark.slow
 def test_ctrl_c_with_a_relay_that_stopped_reading(tmp_path: Path) -> None:
     """The RTSP output's relay is paused (SIGSTOP) mid-stream: the blocked write is cut off after the write
     timeout and reported; Ctrl-C then stops the run within a bound, with summary.json written."""

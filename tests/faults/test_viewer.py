@@ -228,6 +228,7 @@ def _threads() -> int:
     return psutil.Process().num_threads() - workers
 
 
+@pytest.mark.slow
 def test_open_close_cycles_return_threads_and_memory(root: Path) -> None:
     import psutil
 

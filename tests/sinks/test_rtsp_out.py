@@ -101,6 +101,7 @@ def test_spec_validation_and_banner() -> None:
     assert stub[60:].max() == 100  # the stale picture is dimmed
 
 
+@pytest.mark.slow
 def test_published_frames_are_decoded_by_a_real_client(listener: Listener) -> None:
     """Frames written at 30 fps, then the input stops: every picture is sent once, then banner frames follow;
     the client decodes exactly what the sink says it sent."""
@@ -166,6 +167,7 @@ def test_banner_while_the_input_feed_is_down(listener: Listener) -> None:
     assert {t.name for t in threading.enumerate() if t.name.startswith("vostream")} <= before
 
 
+@pytest.mark.slow
 def test_output_reconnects_when_the_server_goes_away(tmp_path: Path) -> None:
     port = free_port()
     url = f"rtsp://127.0.0.1:{port}/out"

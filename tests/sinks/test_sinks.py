@@ -378,6 +378,7 @@ def test_atomic_file(tmp_path: Path) -> None:
     assert ensure_dir(tmp_path / "a" / "b").is_dir()
 
 
+@pytest.mark.slow
 def test_vis_json_rolls_part_files_with_flat_memory(tmp_path: Path) -> None:
     """A live run never ends: with ``roll_frames`` the JSON sink writes a part file per N frame indices and forgets
     them, so what it holds stays flat over 20,000 frames; every part is a valid document of its frames."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parents[1]
 
 MODULE = """
@@ -58,6 +60,7 @@ def run(tmp_path: Path, source: str, ci: bool) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.slow
 def test_a_missing_dependency_fails_the_run_in_ci(tmp_path):
     r = run(tmp_path, MODULE, ci=True)
     assert r.returncode == 1, r.stdout + r.stderr

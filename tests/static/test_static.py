@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_mypy_clean(tmp_path):
     """Plain ``mypy`` from the repository root, as a developer runs it: ``[tool.mypy] files`` names the package."""
     pytest.importorskip("mypy", reason="mypy is part of the [test] extra: pip install -e '.[test]'")

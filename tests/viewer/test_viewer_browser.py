@@ -75,6 +75,7 @@ def _click_at(page, x: float, y: float, **kw) -> None:
     page.mouse.click(box["x"] + (x + 0.5) * box["width"] / w, box["y"] + (y + 0.5) * box["height"] / h, **kw)
 
 
+@pytest.mark.slow
 def test_click_to_track_in_chromium(scene_media, browser) -> None:
     root, scene = scene_media
     config = ServerConfig(port=0, media_root=str(root), default_source="crossing.mp4")
@@ -286,6 +287,7 @@ def test_mask_layer_paints_what_numpy_expects(scene_media, browser, name) -> Non
     assert np.all(np.abs(red[alpha > 0] - 128) <= 2), "the object's colour"
 
 
+@pytest.mark.slow
 def test_frames_come_at_display_size_in_chromium(browser, tmp_path) -> None:
     """A window smaller than the video: the viewer tells the server its display size (`view`), gets frames that
     size, still maps clicks to source pixels and draws the masks over the object; a larger window gets the full

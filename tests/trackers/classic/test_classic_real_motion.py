@@ -121,6 +121,7 @@ def test_colour_alone_cannot_separate_object_and_background(scene) -> None:
 
 
 @pytest.mark.parametrize("kind", ["mask", "box"])
+@pytest.mark.slow
 def test_object_is_held_while_the_background_pans(scene, kind: str) -> None:
     imgs, masks = scene
     ys, xs = np.nonzero(masks[0])
@@ -322,6 +323,7 @@ def test_a_box_check_keeps_a_small_moving_part_only_when_the_rest_is_surely_back
         assert _iou(out, part) >= 0.8, _iou(out, part)
 
 
+@pytest.mark.slow
 def test_a_click_region_mostly_on_a_static_look_alike_moves_with_the_object(monkeypatch) -> None:
     """DAVIS drift-chicane: the click's region is a red stripe of a car plus the red-rimmed sign in front of it,
     the sign the larger part.  The click's check by motion finds that only the stripe moves; it used to reject that
@@ -360,6 +362,7 @@ def test_a_click_region_mostly_on_a_static_look_alike_moves_with_the_object(monk
     assert max(np.count_nonzero(m & sign) for m in out[3:]) < 0.1 * np.count_nonzero(sign)
 
 
+@pytest.mark.slow
 def test_checks_by_motion_with_skipped_frames_a_size_change_and_two_objects(two_part) -> None:
     """The checks count processed frames, share their flow between objects prompted on one frame, and are dropped
     (not crashed) when the frame size changes before they run."""
@@ -632,6 +635,7 @@ def _kite_surfer(seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.slow
 def test_a_box_that_is_mostly_background_takes_the_object_not_the_background(
     seed, monkeypatch, caplog
 ) -> None:
@@ -799,6 +803,7 @@ def _with_reflection(frames: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     return imgs, masks
 
 
+@pytest.mark.slow
 def test_a_box_prompted_mask_does_not_creep_into_what_moves_and_looks_like_the_object() -> None:
     """A box gives the object's whole extent: its reference area then never grows past the box's mask area (x the
     motion's scale).  When it grew with the mask (as a click's does: a click's mask is often a part of the

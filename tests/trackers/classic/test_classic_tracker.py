@@ -117,6 +117,7 @@ def test_box_and_mask_prompts(translate: Scene, kind: str) -> None:
     assert mean_iou(ious[1:]) >= 0.8
 
 
+@pytest.mark.slow
 def test_two_objects_stay_separate_while_crossing() -> None:
     sc = render_scene("crossing", W, H, frames=60)
     run = Runner(sc)
@@ -354,6 +355,7 @@ def test_a_cancel_lands_between_objects():
         session.step(f1)
 
 
+@pytest.mark.slow
 def test_results_do_not_depend_on_the_threads_random_state():
     """grabCut draws from OpenCV's per-thread RNG: whatever the thread ran before (a batch worker's earlier
     videos), the same video and prompts give the same masks (annotate's resume relies on identical files)."""

@@ -696,6 +696,7 @@ def _documented_fake_acl_commands() -> list[str]:
     return [ln for ln in block.splitlines() if ln.strip()]
 
 
+@pytest.mark.slow
 def test_ascend_md_fake_acl_commands(sam2_tiny: Any, tmp_path: Path) -> None:
     """Runs docs/ascend.md §9's fake-ACL command lines verbatim as subprocesses, from a directory whose ``tests``
     is this checkout's, with CHECKPOINT = a tiny random SAM 2 checkpoint, VIDEO = a small clip and POINT = a click

@@ -72,6 +72,7 @@ def _graph_bytes(d: Path) -> int:
     return sum((d / f"{g}.onnx").stat().st_size for g in GRAPHS)
 
 
+@pytest.mark.slow
 def test_int8_graphs_are_quantized_checked_and_smaller(int8_export: dict[str, Any]) -> None:
     assert int8_export["rc"] == 0, int8_export["stderr"]
     out, fp32 = int8_export["out"], int8_export["fp32"]
@@ -234,6 +235,7 @@ def _corrupt_activation_scales(path: Path, factor: float) -> int:
     return changed
 
 
+@pytest.mark.slow
 def test_corrupted_quantized_graph_fails_the_export(
     int8_export: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

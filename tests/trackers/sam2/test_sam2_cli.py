@@ -65,6 +65,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_export_writes_manifest_and_four_graphs(exported: dict) -> None:
     import onnx
 

@@ -27,6 +27,7 @@ from vostream.stages.trackers.sam2.manifest import load_manifest  # noqa: E402
 
 
 @pytest.mark.parametrize("family", ["sam2", "edgetam"])
+@pytest.mark.slow
 def test_fixed_slots_equal_dynamic_attention_at_every_fill(family: str, sam2_tiny: Any) -> None:
     ckpt, export = sam2_tiny(family)
     model = ref.load_tiny(family, ckpt)

@@ -80,6 +80,7 @@ def _compare(
 
 
 @pytest.mark.parametrize("family", ref.FAMILIES)
+@pytest.mark.slow
 def test_streaming_parity_with_reference(family: str, sam2_tiny: Any) -> None:
     ckpt, export_dir = sam2_tiny(family)
     model = ref.load_tiny(family, ckpt)
@@ -126,6 +127,7 @@ RESIZED = {"sam2": 96, "edgetam": 160, "sam3_tracker": 84}
 
 
 @pytest.mark.parametrize("family", ref.FAMILIES)
+@pytest.mark.slow
 def test_export_at_another_image_size_matches_the_reference_at_that_size(
     family: str, sam2_tiny: Any, tmp_path: Any
 ) -> None:

@@ -225,6 +225,7 @@ def test_steady_state_host_memory_is_flat(sam2_tiny: Any) -> None:
     tracker.close()
 
 
+@pytest.mark.slow
 def test_fp16_export_is_half_the_size_and_tracks_like_fp32(sam2_tiny: Any, clip: Any, tmp_path: Any) -> None:
     from vostream.apps.export import export_model
 
