@@ -277,7 +277,9 @@ def test_server_killed_and_restarted_reconnects_and_tracking_resumes(rtsp_server
     before_loss = [f for f in frames if f.capture_time < killed_at + 0.1][-1]
     gap_frames = resumed[0].index - before_loss.index
     gap_s = resumed[0].capture_time - before_loss.capture_time
-    assert abs(gap_frames - gap_s * FPS) <= 3, (gap_frames, gap_s)
+    # within 0.4 s (the index counts delivery time, capture times the stream's clock: they part under load by
+    # 0.23 s); an index that did not move on by the time away would be ~50 frames off
+    assert abs(gap_frames - gap_s * FPS) <= 12, (gap_frames, gap_s)
     assert all(f.result is not None and 1 in f.result.obj_ids.tolist() for f in resumed)
     assert vostream_threads() <= before  # no thread left behind
     assert rss() - rss0 < 150 * 2**20
