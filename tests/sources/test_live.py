@@ -353,7 +353,9 @@ def test_slow_tracker_keeps_frame_age_bounded(rtsp_server: RtspServer) -> None:
     tracker_ms = m["track"].latency_ms_p50
     period_ms = 1000 / FPS
     assert tracker_ms >= slow * 1000
-    assert m["track"].age_ms_p95 <= tracker_ms + 2 * period_ms, (m["track"].age_ms_p95, tracker_ms)
+    # one tracker step and two frame periods, plus 250 ms for a loaded machine's decoding (186 ms seen at load 9
+    # against 167); frames queued up instead of dropped would age by seconds over the 4.5 s
+    assert m["track"].age_ms_p95 <= tracker_ms + 2 * period_ms + 250, (m["track"].age_ms_p95, tracker_ms)
     decoded = m["decode"].frames_out
     assert m["track"].drops >= decoded * 0.5  # ~2 of 3 frames dropped before the tracker ...
     assert (
