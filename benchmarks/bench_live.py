@@ -1,4 +1,4 @@
-"""Live-feed figures against a real RTSP server on loopback (GStreamer, ``tests/rtsp_server.py``).
+"""Live-feed figures against a real RTSP server on loopback (GStreamer, ``tests/fakes/rtsp_server.py``).
 
 * frame age p50/p95 at the tracker's output on a 30 fps 320x240 feed, with the real classic tracker (preprocess +
   track + postprocess) and with a tracker slowed to ``--slow-ms`` per frame (live queues of 1: latest wins);
@@ -24,9 +24,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from rtsp_server import RtspServer, server_available  # noqa: E402
-from test_live import FPS, scene, scene_clip  # noqa: E402
-from test_rtsp_out import Listener, free_port  # noqa: E402
+from fakes.live_clips import FPS  # noqa: E402
+from fakes.live_clips import deform_clip as scene_clip  # noqa: E402
+from fakes.live_clips import deform_scene as scene  # noqa: E402
+from fakes.rtsp_listener import Listener, free_port  # noqa: E402
+from fakes.rtsp_server import RtspServer, server_available  # noqa: E402
 
 from vostream.pipeline import Pipeline  # noqa: E402
 from vostream.pipeline.reconnect import ReconnectPolicy  # noqa: E402

@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sam2_reference as ref  # noqa: E402
+from fakes import sam2_reference as ref  # noqa: E402
 
 from vostream.apps.export import export_model  # noqa: E402
 from vostream.apps.export.precision import compare_exports, graph_bytes, read_clip  # noqa: E402

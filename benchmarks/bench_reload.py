@@ -43,7 +43,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from media import square_box, square_frame  # noqa: E402
+from fakes.media import square_box, square_frame  # noqa: E402
 
 from vostream.apps.assemble import assemble_track  # noqa: E402
 from vostream.pipeline.scheduler import RoundRobinScheduler  # noqa: E402
@@ -116,7 +116,7 @@ class RecordSpec(SinkSpec[Frame]):
 
 
 def tiny_model(tmp: Path) -> Path:
-    import sam2_reference as ref
+    from fakes import sam2_reference as ref
 
     from vostream.apps.export import export_model
 

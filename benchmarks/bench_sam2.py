@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import sam2_reference as ref  # noqa: E402
+from fakes import sam2_reference as ref  # noqa: E402
 
 from vostream.apps.export import export_model  # noqa: E402
 from vostream.apps.export.families import FAMILIES, resize_config  # noqa: E402

@@ -1,7 +1,7 @@
 """Several live streams on one machine: one ``vostream run`` process sharing one tracker vs N separate
 ``vostream track`` processes, side by side in one run (``docs/deploy.md``).
 
-Each stream is a real RTSP feed (GStreamer's RTSP server on loopback, ``tests/rtsp_server.py``) of a 854x480 30 fps
+Each stream is a real RTSP feed (GStreamer's RTSP server on loopback, ``tests/fakes/rtsp_server.py``) of a 854x480 30 fps
 H.264 clip.  For N = 1..4 streams, both ways run for ``--seconds`` and are stopped with SIGINT; each stream's
 ``summary.json`` gives its frames, fps and the frame age (capture to the end of postprocess) p50/p95.  Reported:
 aggregate fps (sum over streams) and the mean over streams of the age percentiles.  The RTSP servers run in both
@@ -28,8 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from media import make_video, square_frames  # noqa: E402
-from rtsp_server import RtspServer, server_available  # noqa: E402
+from fakes.media import make_video, square_frames  # noqa: E402
+from fakes.rtsp_server import RtspServer, server_available  # noqa: E402
 
 CLI = [sys.executable, "-m", "vostream.apps.cli"]
 W, H, FPS = 854, 480, 30
@@ -131,7 +131,7 @@ def one_way(
 
 
 def tiny_model(tmp: Path) -> Path:
-    import sam2_reference as ref
+    from fakes import sam2_reference as ref
 
     from vostream.apps.export import export_model
 

@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import harness
-import media
 import numpy as np
 import pytest
+from fakes import harness, media
 from PIL import Image
 
 W, H, COUNT, BAD = 192, 128, 20, 10
@@ -49,6 +48,7 @@ def _corrupt_source(tmp_path: Path, kind: str) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["dir", "video"])
+@pytest.mark.slow
 def test_corrupt_frame_keeps_its_index_in_every_output(tmp_path: Path, kind: str) -> None:
     frames = _corrupt_source(tmp_path, kind)
     x0, y0, x1, y1 = media.square_box(0, W, H)
@@ -134,6 +134,7 @@ def test_256_objects_fail_before_any_frame(tmp_path: Path) -> None:
     assert not (out / "summary.json").exists() and not (out / "annotations.json").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_with_255_objects_exits_promptly_with_a_summary(tmp_path: Path) -> None:
     """255 objects (the cap) make each frame slow; SIGTERM (drain) then SIGTERM (cancel: queued frames are dropped,
     a tracker stops between objects where it can) ends the run within one frame's time, outputs finalised."""
@@ -174,6 +175,7 @@ print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 102
 """
 
 
+@pytest.mark.slow
 def test_4k_clip_with_default_settings_stays_under_an_rss_bound(tmp_path: Path) -> None:
     """The pipeline's queues are bounded by bytes (256 MiB per pipeline by default), so 4K frames get fewer slots
     than 480p ones and the peak RSS of a 4K run no longer scales with queue depth x frame size."""

@@ -4,9 +4,9 @@ of or above the frame gets the bounds message (it was taken for an option), and 
 
 from __future__ import annotations
 
-import harness
 import pytest
-from media import moving_square_clip
+from fakes import harness
+from fakes.media import moving_square_clip
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ import socket
 import time
 from pathlib import Path
 
-import harness
 import pytest
-from media import moving_square_clip, square_box
+from fakes import harness
+from fakes.media import moving_square_clip, square_box
 
 from vostream.apps.deploy import Deployment, load_deploy
 from vostream.sinks.outdir import lock_output_dir

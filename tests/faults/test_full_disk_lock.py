@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 
-import harness
-from media import moving_square_clip
+from fakes import harness
+from fakes.media import moving_square_clip
 
 
 def _fill(directory) -> None:  # type: ignore[no-untyped-def]

@@ -1,5 +1,5 @@
 """Faults of the live path, against real parts on loopback: GStreamer's RTSP server as the input camera
-(``tests/rtsp_server.py``) and a PyAV RTSP listener as the relay that receives the annotated output."""
+(``tests/fakes/rtsp_server.py``) and a PyAV RTSP listener as the relay that receives the annotated output."""
 
 from __future__ import annotations
 
@@ -17,13 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import av
-import harness
 import numpy as np
 import pytest
-from media import media_dir
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rtsp_server import RtspServer, server_available  # noqa: E402
+from fakes import harness
+from fakes.media import media_dir
+from fakes.rtsp_server import RtspServer, server_available  # noqa: E402
 
 needs_server = pytest.mark.skipif(server_available() is not None, reason=str(server_available()))
 
@@ -49,7 +47,7 @@ def noise_clip(width: int = 480, height: int = 360, frames: int = 150, fps: int 
     return path
 
 
-#: the relay: a PyAV RTSP listener that receives the published stream (as in tests/test_rtsp_out.py)
+#: the relay: a PyAV RTSP listener that receives the published stream (as in tests/sinks/test_rtsp_out.py)
 LISTENER = (
     "import av, sys\n"
     "c = av.open(sys.argv[1], options={'rtsp_flags': 'listen', 'listen_timeout': '60'}, timeout=(65, 10))\n"
@@ -111,6 +109,7 @@ class Lines:
 
 
 @needs_server
+@pytest.mark.slow
 def test_ctrl_c_with_a_relay_that_stopped_reading(tmp_path: Path) -> None:
     """The RTSP output's relay is paused (SIGSTOP) mid-stream: the blocked write is cut off after the write
     timeout and reported; Ctrl-C then stops the run within a bound, with summary.json written."""
@@ -217,6 +216,7 @@ def test_ctrl_c_while_reconnecting_to_a_stopped_rtsp_relay(tmp_path: Path) -> No
     assert rtsp["extra"]["stalls"] >= 1 and rtsp["extra"]["sent"] >= 1
 
 
+@pytest.mark.realtime
 @needs_server
 def test_live_mp4_follows_real_time_across_an_outage(tmp_path: Path) -> None:
     """A live run with the camera away for 2 s in the middle: the MP4 is written on the capture clock, so its
@@ -290,6 +290,7 @@ def _read_slowly(url: str, max_lag: float | None, seconds: float, per_frame: flo
 
 
 @needs_server
+@pytest.mark.realtime
 def test_lag_before_the_decoder_is_measured_and_caught_up(tmp_path):
     """A reader three times slower than a 30 fps feed: without catch-up it falls further and further behind the
     stream's clock, and the frames' age (now measured on the stream's clock) says so; with ``max_lag`` it skips

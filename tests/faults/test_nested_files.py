@@ -3,9 +3,9 @@ one line and exit 2, where it was ``internal error: RecursionError`` (exit 70) (
 
 from __future__ import annotations
 
-import harness
 import pytest
-from media import moving_square_clip
+from fakes import harness
+from fakes.media import moving_square_clip
 
 from vostream.apps.userfiles import MAX_NESTING, check_nesting
 from vostream.pipeline.errors import ConfigError

@@ -9,10 +9,9 @@ import os
 import time
 from pathlib import Path
 
-import harness
-import media
 import numpy as np
 import pytest
+from fakes import harness, media
 
 W, H = 160, 96
 
@@ -60,6 +59,7 @@ def test_full_disk_video_track_exits_4_with_summary(tmp_path):
         assert "overlay.mp4" in summary["error"] and summary["frames"] > 0
 
 
+@pytest.mark.slow
 def test_full_disk_video_annotate_inline_writes_summary(tmp_path):
     """The same under ``annotate --workers 0`` (the video runs in the CLI process): no crash; the video is failed
     in summary.json with the reason; exit 1 (a video failed)."""
@@ -99,6 +99,7 @@ def check_completed_outputs(out: Path) -> None:
             json.loads((out / name).read_text())
 
 
+@pytest.mark.slow
 def test_full_disk_atomic_files_no_tmp_left_exit_4(tmp_path):
     """png+mot+json onto a disk that fills part-way through the masks: the final flush of a buffered file (mot.txt,
     annotations.json) used to fail with a bare OSError (exit 70) and leave 0-byte ``*.tmp`` files.  Now: exit 4 with
@@ -121,6 +122,7 @@ def test_full_disk_atomic_files_no_tmp_left_exit_4(tmp_path):
 # -- 3. a used or shared --out ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_rerun_into_used_out_replaces_previous_outputs_only(tmp_path):
     """A second ``track`` into the same --out used to keep the old run's masks (60 PNGs beside a 30-frame JSON) and
     its overlay.mp4/mot.txt.  Now the previous run's vostream files are removed first; a user's files stay."""
@@ -155,6 +157,7 @@ def test_rerun_into_used_out_replaces_previous_outputs_only(tmp_path):
     assert harness.leftovers(tmp_path) == [] and not (out / ".vostream.lock").exists()
 
 
+@pytest.mark.slow
 def test_concurrent_track_on_one_out_fails_fast(tmp_path):
     """Two ``track`` runs on one --out used to both exit 0 and leave a mix.  The second now fails at once (exit 4),
     naming the directory and the run that holds it; the first is unaffected."""
@@ -191,17 +194,23 @@ def harness_child_pid(proc) -> int:  # type: ignore[no-untyped-def]
     return int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
 
 
+def needs_export_extra() -> None:
+    """``vostream export`` and its check need torch, transformers, onnx and onnxruntime (the [test] extra)."""
+    for name in ("torch", "transformers", "onnx", "onnxruntime"):
+        pytest.importorskip(name, reason=f"{name} is part of the [test] extra: pip install -e '.[test]'")
+
+
 # -- 4. signals: no junk left behind ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigterm_during_export_removes_staging_dir(tmp_path):
     """SIGTERM while ``vostream export`` writes its graphs used to kill it (exit -15) and leave the hidden staging
     directory ``.OUT.xxxx`` with partial graphs.  Now: exit 130, one line, no staging directory, no OUT."""
     import signal
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import sam2_reference as ref
+    needs_export_extra()
+    from fakes import sam2_reference as ref
 
     ckpt = ref.save_tiny("sam2", tmp_path / "ckpt")
     out = tmp_path / "exports" / "tiny"
@@ -218,6 +227,7 @@ def test_sigterm_during_export_removes_staging_dir(tmp_path):
     assert list(out.parent.iterdir()) == []  # no staging directory, no half export
 
 
+@pytest.mark.slow
 def test_second_sigterm_to_annotate_leaves_no_tmp(tmp_path):
     """A second SIGTERM makes ``annotate`` abandon the running video (its worker is terminated): its open
     ``mot.txt.*.tmp``/``overlay.mp4.*.tmp`` used to stay behind.  Now they are removed; exit 130."""
@@ -298,6 +308,7 @@ def reader_command(reader: str, bad: Path, tmp_path: Path) -> list[object]:
 
 @pytest.mark.parametrize("kind", ["dev-zero", "fifo", "oversize"])
 @pytest.mark.parametrize("reader", READERS)
+@pytest.mark.slow
 def test_user_files_are_bounded_regular_files(tmp_path, reader, kind):
     """``--prompts /dev/zero`` grew to 20 GB in 2 minutes, a FIFO hung the run.  Every user file read whole (track's
     prompts and config, annotate's prompts and list files) must be a regular file of at most 16 MiB: else exit 2
@@ -314,15 +325,14 @@ def test_user_files_are_bounded_regular_files(tmp_path, reader, kind):
 
 
 @pytest.mark.parametrize(("family", "seed"), [("sam2", 1), ("sam2", 4), ("edgetam", 1), ("sam3_tracker", 1)])
+@pytest.mark.slow
 def test_export_check_accepts_faithful_exports_of_random_tiny_models(tmp_path, family, seed):
     """HF-initialised tiny models (no parity tweaks) of several seeds: the export check used to reject faithful
     SAM 2 exports ("max |onnx - torch| 0.000977 > 0.0001 on output maskmem", seeds 1 and 4): the memory bank is
     rounded to bfloat16, and values within 1e-4 before that rounding can land one or two bf16 steps apart (0.0111
     vs 0.0110: 1.2e-4).  Now bf16 outputs are compared with one bf16 step on top of the fp32 tolerance."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import sam2_reference as ref
+    needs_export_extra()
+    from fakes import sam2_reference as ref
 
     from vostream.apps.export import export_model
 
@@ -336,6 +346,7 @@ def test_export_check_accepts_faithful_exports_of_random_tiny_models(tmp_path, f
 
 def test_export_check_still_rejects_a_wrong_bf16_output():
     """The looser bf16 rule must still catch a real error: two bf16 steps plus more than the fp32 tolerance."""
+    needs_export_extra()
     import torch
 
     from vostream.apps.export import _bf16_step, _verify

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import harness
 import numpy as np
 import pytest
+from fakes import harness
 from PIL import Image
 
 
@@ -22,6 +22,7 @@ def frames_dir(root: Path, size: int, n: int = 6) -> Path:
 
 
 @pytest.mark.parametrize("size", [1, 2, 3])
+@pytest.mark.slow
 def test_tiny_frames_are_tracked(tmp_path, size):
     out = tmp_path / "out"
     r = harness.run_cli(
@@ -34,6 +35,7 @@ def test_tiny_frames_are_tracked(tmp_path, size):
     assert len(list((out / "masks").glob("*.png"))) == 6
 
 
+@pytest.mark.slow
 def test_a_one_pixel_video_output_is_refused_clearly(tmp_path):
     out = tmp_path / "out"
     r = harness.run_cli(

@@ -9,10 +9,9 @@ import socket
 import time
 from pathlib import Path
 
-import harness
-import media
 import msgpack
 import pytest
+from fakes import harness, media
 from websockets.sync.client import connect
 
 from vostream.apps.serve import media as serve_media
@@ -184,6 +183,7 @@ def test_simultaneous_opens_respect_the_session_limit(root: Path) -> None:
                 ws.close()
 
 
+@pytest.mark.realtime
 def test_idle_session_is_closed_and_its_clients_told(root: Path) -> None:
     cfg = ServerConfig(port=0, media_root=str(root), idle_timeout=1.0)
     with ServerThread(cfg) as st, client(st.port) as owner, client(st.port) as watcher:
@@ -228,6 +228,7 @@ def _threads() -> int:
     return psutil.Process().num_threads() - workers
 
 
+@pytest.mark.slow
 def test_open_close_cycles_return_threads_and_memory(root: Path) -> None:
     import psutil
 

@@ -7,7 +7,7 @@ Checks (one line each, status OK / MISSING / FAIL / SKIP):
 * ``acl`` — pyACL (``import acl``, shipped with the CANN toolkit): ACL version, CANN version, SoC, device count and
   free/total HBM of ``--device-id``.  pyACL is probed in a child process, so a native crash or a device left set
   cannot affect this process.  A module that declares itself a fake (``__vostream_fake__``, the tests' fake pyACL
-  run through ``python tests/fake_acl.py doctor``) is labelled as such;
+  run through ``python tests/fakes/fake_acl.py doctor``) is labelled as such;
 * ``atc`` — the ATC converter (``.onnx`` -> ``.om``) on ``PATH``;
 * ``export`` — torch / transformers / onnx for ``vostream export`` (versions read from package metadata; nothing
   heavy is imported);
@@ -632,7 +632,7 @@ def add_doctor_parser(
         "pyACL / CANN / the NPU, atc, the export dependencies and media tools. With --model "
         "DIR: runs two synthetic frames on onnx (CPU) and, where possible, on acl, and "
         "compares the masks. Exit code 0 unless a --model check fails. Without an NPU, "
-        "from a source checkout, 'python tests/fake_acl.py doctor ...' runs it with the "
+        "from a source checkout, 'python tests/fakes/fake_acl.py doctor ...' runs it with the "
         "tests' fake pyACL and fake atc. Reference: docs/ascend.md (sections 8, 9).",
     )
     _add_doctor_arguments(p)

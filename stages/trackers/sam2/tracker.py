@@ -154,7 +154,7 @@ def AclTracker(
     """Backend ``acl``: a SAM-2-family export whose graphs were converted to ``.om`` (ATC), on an Ascend NPU.
 
     ``acl``: the pyACL module to drive (``None``: ``import acl``, the real one from the CANN toolkit; tests pass
-    the fake, ``tests/fake_acl.py``).  After loading, the device memory for one session of ``max_objects`` objects
+    the fake, ``tests/fakes/fake_acl.py``).  After loading, the device memory for one session of ``max_objects`` objects
     is planned against free HBM (``AclRuntime.check_memory``); a plan that does not fit is a :class:`ConfigError`
     with the numbers."""
     if options:

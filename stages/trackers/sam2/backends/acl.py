@@ -23,7 +23,7 @@ Design (``docs/sam2-backend.md`` §0, §6; API facts from ``shared/reference/asc
   (:data:`~.acl_api.ACL_ERRORS`) and ``acl.get_recent_err_msg()`` (:class:`~.acl_api.AclCalls`).
 
 The real ``acl`` module defines no constants, so the ones used here are defined in :mod:`.acl_api`.  The ``acl``
-module is injected: ``AclRuntime(acl=module)`` drives that module (the tests pass the fake, ``tests/fake_acl.py``);
+module is injected: ``AclRuntime(acl=module)`` drives that module (the tests pass the fake, ``tests/fakes/fake_acl.py``);
 ``acl=None`` imports the real pyACL lazily.  The ``acl`` tracker factory is ``sam2.tracker.AclTracker``.
 """
 
