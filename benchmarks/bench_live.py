@@ -71,7 +71,7 @@ def frame_age(url: str, slow_ms: float, seconds: float) -> dict[str, Any]:
         "age_ms_p50": round(last.age_ms_p50, 1),
         "age_ms_p95": round(last.age_ms_p95, 1),
         "bound_ms": round(track_ms + 2000 / FPS, 1),
-        "decoded": m["decode"].frames_out,
+        "decoded": m.source.frames_out,
         "tracked": m["slowdown" if slow_ms else "track"].frames_out,
         "dropped_before_tracker": sum(
             m[n].drops for n in ("preprocess", "track", "slowdown") if n in m.names()

@@ -120,6 +120,11 @@ class MetricsSnapshot:
             f"known: {', '.join(n.name for n in self.nodes)}"
         )
 
+    @property
+    def source(self) -> NodeSnapshot:
+        """The source's node (the first; named ``source:<id>``)."""
+        return self.nodes[0]
+
     def names(self) -> list[str]:
         return [n.name for n in self.nodes]
 

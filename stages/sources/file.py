@@ -166,7 +166,7 @@ class VideoFileSource(Source[Frame]):
         self.max_frames = max_frames
         self.timeout = timeout
         self.source_id = source_id or os.path.basename(self.path)
-        self.name = f"decode:{self.source_id}"
+        self.name = f"source:{self.source_id}"
         self.length: int | None = None
         self.codec = ""  # the decoder's name, once open
         self.width = 0

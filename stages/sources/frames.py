@@ -85,7 +85,7 @@ class FrameDirSource(Source[Frame]):
         self.max_frames = max_frames
         self.fps = float(fps) if fps else 0.0
         self.source_id = source_id or os.path.basename(os.path.normpath(self.path))
-        self.name = f"decode:{self.source_id}"
+        self.name = f"source:{self.source_id}"
         self.files: list[Path] = []
         self.width = 0
         self.height = 0

@@ -129,7 +129,7 @@ class LiveSource(Source[Frame]):
         self.nominal_fps = float(fps) if fps else None
         self.fps = self.nominal_fps or 0.0
         self.source_id = source_id or redact(self.uri)
-        self.name = "decode"
+        self.name = f"source:{self.source_id}"
         self.width = 0
         self.height = 0
         self.clock = clock

@@ -55,7 +55,7 @@ def _raise_after(obj, method: str, after: int, monkeypatch):
 @pytest.mark.parametrize(
     "where, stage_name",
     [
-        ("source", "decode"),
+        ("source", "source:"),
         ("preprocess", "preprocess"),
         ("track", "track"),
         ("postprocess", "postprocess"),

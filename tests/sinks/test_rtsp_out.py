@@ -103,7 +103,7 @@ def test_banner_while_the_input_feed_is_down(listener: Listener) -> None:
             server.kill()
             time.sleep(2.0)
             server.start()
-            wait_until(lambda: pipe.metrics()["decode"].extra.get("reconnects", 0) >= 1, 8)  # asserted below
+            wait_until(lambda: pipe.metrics().source.extra.get("reconnects", 0) >= 1, 8)  # asserted below
             time.sleep(1.0)
         finally:
             pipe.stop()
@@ -113,7 +113,7 @@ def test_banner_while_the_input_feed_is_down(listener: Listener) -> None:
     stats = report.metrics["rtsp"].extra
     res = listener.result()
     assert res["error"] is None
-    assert report.metrics["decode"].extra["reconnects"] == 1
+    assert report.metrics.source.extra["reconnects"] == 1
     assert stats["stub_frames"] >= 15  # ~1.5 s of banner at 30 fps while the source was away
     assert res["frames"] == stats["sent"] + stats["stub_frames"]
     banners = [is_banner(t) for t in res["top"]]
@@ -189,7 +189,9 @@ def test_cli_track_rtsp_in_rtsp_out(
     assert rc == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     nodes = {n["name"]: n for n in summary["metrics"]["nodes"]}
-    assert nodes["decode"]["extra"]["frames"] == 45 and nodes["decode"]["extra"]["reconnects"] == 0
+    source = summary["metrics"]["nodes"][0]
+    assert source["name"].startswith("source:rtsp://") and source["kind"] == "source"
+    assert source["extra"]["frames"] == 45 and source["extra"]["reconnects"] == 0
     assert nodes["track"]["queue_capacity"] == 1 and nodes["track"]["policy"] == "latest"
     out = nodes["rtsp"]["extra"]
     res = listener.result()

@@ -256,13 +256,13 @@ def test_server_killed_and_restarted_reconnects_and_tracking_resumes(rtsp_server
         rtsp_server.kill()
         time.sleep(1.0)
         rtsp_server.start()  # same port, same URL
-        wait_until(lambda: pipe.metrics()["decode"].extra.get("reconnects", 0) >= 1, 8)  # asserted below
+        wait_until(lambda: pipe.metrics().source.extra.get("reconnects", 0) >= 1, 8)  # asserted below
         # tracking resumes: 20 frames after the outage (by frame count, not by time: a loaded machine tracks slower)
         wait_until(lambda: sum(f.capture_time > killed_at + 1.0 for f in list(sink.items)) >= 20, 20)
     finally:
         pipe.stop()
         report = pipe.wait(10)
-    extra = report.metrics["decode"].extra
+    extra = report.metrics.source.extra
     assert extra["reconnects"] == 1 and extra["state"] == ENDED
     assert extra["last_reconnect_s"] < 5.0  # loss -> running again, server away for 1 s
     states = [e.state for e in source.supervisor.events]
@@ -356,7 +356,7 @@ def test_slow_tracker_keeps_frame_age_bounded(rtsp_server: RtspServer) -> None:
     # one tracker step and two frame periods, plus 250 ms for a loaded machine's decoding (186 ms seen at load 9
     # against 167); frames queued up instead of dropped would age by seconds over the 4.5 s
     assert m["track"].age_ms_p95 <= tracker_ms + 2 * period_ms + 250, (m["track"].age_ms_p95, tracker_ms)
-    decoded = m["decode"].frames_out
+    decoded = m.source.frames_out
     assert m["track"].drops >= decoded * 0.5  # ~2 of 3 frames dropped before the tracker ...
     assert (
         m["track"].frames_in + m["track"].drops + m["track"].discarded + 1 >= decoded
@@ -386,7 +386,7 @@ def test_blocked_pipeline_is_not_a_stall(rtsp_server: RtspServer) -> None:
     source = LiveSource(rtsp_server.url, read_timeout=1.0, reconnect=FAST, max_frames=40)
     sink = SlowOnce(queue_size=1, policy="block")
     report = Pipeline(source, [], [sink], policy="block", queue_size=1, name="blocked").run()
-    extra = report.metrics["decode"].extra
+    extra = report.metrics.source.extra
     assert len(sink.items) == 40
     assert extra["stalls"] == 0 and extra["reconnects"] == 0
     assert extra["blocked_s"] >= 1.3
@@ -469,7 +469,7 @@ def test_track_waits_for_a_source_that_is_not_up_yet(
         server.close()
     assert rc == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    decode = {n["name"]: n for n in summary["metrics"]["nodes"]}["decode"]["extra"]
+    decode = summary["metrics"]["nodes"][0]["extra"]  # the source's node comes first
     assert decode["frames"] == 10
     t0 = time.monotonic()
     rc = main([*args, "--out", str(tmp_path / "run2"), "--wait-for-source", "1.5"])
