@@ -66,6 +66,7 @@ def test_two_streams_writing_one_out_are_refused(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_an_out_held_by_a_running_track_is_left_alone(tmp_path):
     """`vostream track` holds its --out with a lock; a deployment stream writing there fails alone (exit 4)."""
     clip = moving_square_clip(count=8, width=W, height=H)
@@ -80,6 +81,7 @@ def test_an_out_held_by_a_running_track_is_left_alone(tmp_path):
     assert len(list((tmp_path / "free" / "masks").glob("*.png"))) == 8  # the other stream ran
 
 
+@pytest.mark.slow
 def test_a_reused_out_keeps_none_of_the_previous_runs_files(tmp_path):
     out = tmp_path / "o"
     long_clip, short_clip = (moving_square_clip(count=n, width=W, height=H) for n in (20, 6))
@@ -107,6 +109,7 @@ def test_a_metrics_port_in_use_starts_nothing(tmp_path):
     assert not (tmp_path / "o" / "masks").exists()
 
 
+@pytest.mark.slow
 def test_a_stop_before_the_streams_start_stops_them(tmp_path):
     """A SIGTERM while the tracker loads (the first ~0.4 s) reached no stream: stop() skipped streams that had
     not started, and they then ran to their end (with a live feed, forever)."""
@@ -119,6 +122,7 @@ def test_a_stop_before_the_streams_start_stops_them(tmp_path):
     assert stream["reason"] == "stop" and stream["frames"] < 200, stream
 
 
+@pytest.mark.slow
 def test_three_quick_sigints_leave_every_output_final(tmp_path):
     """Three SIGINTs in a row (an impatient Ctrl-C) left *.tmp files and no summaries; now the second cancels,
     the third changes nothing, and every stream's outputs, its summary.json and deploy-summary.json are final."""

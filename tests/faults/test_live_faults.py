@@ -167,6 +167,7 @@ def test_ctrl_c_with_a_relay_that_stopped_reading(tmp_path: Path) -> None:
     assert rtsp["sent"] >= 1
 
 
+@pytest.mark.realtime
 @needs_server
 def test_ctrl_c_while_reconnecting_to_a_stopped_rtsp_relay(tmp_path: Path) -> None:
     """The fault as it was found: a real RTSP server receiving the output (GStreamer, RECORD mode) is stopped with
